@@ -1,0 +1,115 @@
+"""Kernel-config selection shared by the Triton launchers: measured once, cached to JSON.
+
+A launcher describes its problem with a key (op name, M bucket, N, K, group size,
+dtype, ...) and a list of candidate configs (plain dicts of meta-parameters), and
+calls :func:`pick_config`. Lookup order:
+
+1. the in-process cache;
+2. the user cache file: ``$QFUSE_AUTOTUNE_CACHE`` if set, else
+   ``~/.cache/qfuse/autotune.json``;
+3. the defaults shipped in ``ops/tuned/<gpu>.json`` (measured on that GPU);
+4. a measurement: every candidate is timed with ``triton.testing.do_bench`` (median)
+   and the fastest is stored in the user cache file;
+
+except that (4) never runs while a CUDA graph is being captured, or when
+``QFUSE_AUTOTUNE=0``: then the first candidate (the launcher's heuristic choice)
+is used. So capture a graph only after one eager call per shape, or ship defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+_TUNED_DIR = Path(__file__).with_name("tuned")
+_lock = threading.Lock()
+_memory: dict[str, dict] = {}
+_loaded_files: set[str] = set()
+
+
+def m_bucket(m: int) -> int:
+    """Round M up to the bucket its config is tuned for: 1, 2, 4, 8, 16, 32, ... 8192, then 8192."""
+    b = 1
+    while b < m and b < 8192:
+        b *= 2
+    return b
+
+
+def device_name(device: torch.device | None = None) -> str:
+    if device is None or device.type != "cuda":
+        return "cpu"
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+def cache_path() -> Path:
+    env = os.environ.get("QFUSE_AUTOTUNE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "qfuse" / "autotune.json"
+
+
+def _key_str(op: str, key: tuple) -> str:
+    return op + "|" + "|".join(str(k) for k in key)
+
+
+def _load(path: Path) -> None:
+    if str(path) in _loaded_files:
+        return
+    _loaded_files.add(str(path))
+    if path.is_file():
+        try:
+            _memory.update({k: v for k, v in json.loads(path.read_text()).items() if k not in _memory})
+        except (OSError, json.JSONDecodeError):
+            pass  # a corrupt cache only costs a re-measurement
+
+
+def _save(entry_key: str, config: dict) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data[entry_key] = config
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except (OSError, json.JSONDecodeError):
+        pass
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def pick_config(op: str, key: tuple, candidates: list[dict], run: Callable[[dict], object], device: torch.device) -> dict:
+    """Return the config to use for ``(op, key)`` on ``device``; ``run(cfg)`` launches the kernel once."""
+    if not candidates:
+        raise ValueError(f"pick_config({op}): no candidate configs")
+    if len(candidates) == 1:
+        return candidates[0]
+    entry_key = _key_str(op, (device_name(device), *key))
+    with _lock:
+        if entry_key not in _memory:
+            _load(cache_path())
+            _load(_TUNED_DIR / f"{device_name(device)}.json")
+        hit = _memory.get(entry_key)
+    if hit is not None:
+        return hit
+    if _capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda":
+        return candidates[0]
+    from triton.testing import do_bench
+
+    best, best_ms = candidates[0], float("inf")
+    for cfg in candidates:
+        try:
+            ms = do_bench(lambda: run(cfg), warmup=5, rep=20, return_mode="median")
+        except Exception:  # a config that does not compile or fit (shared memory) is skipped
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    with _lock:
+        _memory[entry_key] = best
+    _save(entry_key, best)
+    return best

@@ -1,0 +1,87 @@
+"""Symmetric int8 activation quantization: dynamic per-token and static per-tensor.
+
+Math (all arithmetic in float32, IEEE division, ``round`` = round-half-to-even
+as ``torch.round``)::
+
+    quant_per_token_int8(x):                 x: [..., K] fp16/bf16
+        amax[r]  = max_k |x[r, k]|                               (per row r)
+        scale[r] = max(amax[r], 1e-10) / 127                     float32 [..., 1]
+        xq[r, k] = clamp(round(x[r, k] / scale[r]), -128, 127)   int8   [..., K]
+
+    quant_per_tensor_int8(x, scale):         scale: float32 [1], > 0 (static, calibrated)
+        xq = clamp(round(x / scale), -128, 127)
+
+``x ≈ xq * scale``. An all-zero row gets the finite scale 1e-10/127 and zero
+codes (the 1e-10 floor is what keeps 0/0 out; it changes no row whose amax is
+above 1e-10). Codes of the per-token path lie in [-127, 127] since
+|x| <= amax. Outputs are contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._validation import ACT_DTYPES, check_dtype, check_nonempty_last, check_same_device, check_shape, check_tensor
+
+AMAX_FLOOR = 1e-10
+
+
+def quant_per_token_int8_ref(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Reference kernel for ``quant_per_token_int8`` (plain torch, any device)."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = amax.clamp(min=AMAX_FLOOR) / 127.0
+    xq = torch.round(xf / scale).clamp(-128, 127).to(torch.int8)
+    return xq.contiguous(), scale.contiguous()
+
+
+def quant_per_tensor_int8_ref(x: Tensor, scale: Tensor) -> Tensor:
+    """Reference kernel for ``quant_per_tensor_int8``."""
+    return torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8).contiguous()
+
+
+def _check_per_token(x: Tensor) -> None:
+    op = "quant_per_token_int8"
+    check_tensor(op, "x", x)
+    check_dtype(op, "x", x, ACT_DTYPES)
+    check_nonempty_last(op, "x", x)
+
+
+def _check_per_tensor(x: Tensor, scale: Tensor) -> None:
+    op = "quant_per_tensor_int8"
+    check_tensor(op, "x", x)
+    check_tensor(op, "scale", scale)
+    check_dtype(op, "x", x, ACT_DTYPES)
+    check_nonempty_last(op, "x", x)
+    check_dtype(op, "scale", scale, torch.float32)
+    check_shape(op, "scale", scale, (1,), "one static scale")
+    check_same_device(op, "x", x, scale=scale)
+
+
+@torch.library.custom_op("qfuse::quant_per_token_int8", mutates_args=())
+def quant_per_token_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Dynamic symmetric per-token int8 quantization; returns ``(xq, scale)``."""
+    _check_per_token(x)
+    return quant_per_token_int8_ref(x)
+
+
+@quant_per_token_int8.register_fake
+def _quant_per_token_int8_fake(x: Tensor) -> tuple[Tensor, Tensor]:
+    _check_per_token(x)
+    return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty(
+        (*x.shape[:-1], 1), dtype=torch.float32, device=x.device
+    )
+
+
+@torch.library.custom_op("qfuse::quant_per_tensor_int8", mutates_args=())
+def quant_per_tensor_int8(x: Tensor, scale: Tensor) -> Tensor:
+    """Static symmetric per-tensor int8 quantization with a calibrated float32 ``scale`` of shape [1]."""
+    _check_per_tensor(x, scale)
+    return quant_per_tensor_int8_ref(x, scale)
+
+
+@quant_per_tensor_int8.register_fake
+def _quant_per_tensor_int8_fake(x: Tensor, scale: Tensor) -> Tensor:
+    _check_per_tensor(x, scale)
+    return torch.empty(x.shape, dtype=torch.int8, device=x.device)

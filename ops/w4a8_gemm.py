@@ -1,0 +1,131 @@
+"""int4 weight x int8 activation GEMM, QQQ-style: ``w4a8_gemm``.
+
+Arguments::
+
+    xq           int8    [M, K]        per-token (or per-tensor) quantized activations
+    x_scale      float32 [M, 1] or [1]
+    qweight      uint8   [N, K // 2]   int4 codes u in [0, 15], two per byte (low nibble =
+                                       even k, see int4_packing.py); the weight code is q = u - 8
+    w_scale      float32 [N] (per-channel) or [1]
+    group_scale  int8    [N, K // 128] second-level integer scales in [1, 16] (group_size=128),
+                                       or None (group_size=-1, per-channel)
+    bias         [N] of out_dtype, or None
+    group_size   -1 or 128
+    out_dtype    float16 or bfloat16
+
+Math (g = k // group_size; group_scale = 1 per-channel)::
+
+    w_int[n, k] = (u[n, k] - 8) * group_scale[n, g]           integer in [-128, 112]
+    acc[m, n]   = sum_k int32(xq[m, k]) * w_int[n, k]          exact int32
+    out[m, n]   = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
+
+so the real weight is ``w_scale[n] * group_scale[n, g] * q[n, k]``. The second-level
+scale is an integer (QQQ stores it as fp16 and rounds ``q * s_group`` inside the
+kernel, which is why its kernel and its fake-quant reference disagree); here the
+kernel's int8 operand ``w_int`` is exact, so kernel and reference agree bit for bit
+in the accumulator. Since |w_int| <= 128, |acc| <= K * 2**14 and int32 is exact for
+K <= 131072. Output: contiguous [M, N].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._int_matmul import int8_matmul_nt
+from ._validation import (
+    check_bias,
+    check_contiguous,
+    check_dtype,
+    check_ndim,
+    check_out_dtype,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
+from .int4_packing import unpack_int4
+from .w8a8_gemm import MAX_K, check_act_scale, check_weight_scale, scale_epilogue
+
+OP = "w4a8_gemm"
+GROUP_SCALE_MAX = 16
+
+
+def w4a8_int_weight(qweight: Tensor, group_scale: Tensor | None, group_size: int) -> Tensor:
+    """``w_int = (u - 8) * group_scale`` as int8 ``[N, K]`` (the kernel's int8 operand)."""
+    q = unpack_int4(qweight).to(torch.int16) - 8
+    if group_scale is not None:
+        if group_scale.numel() and (int(group_scale.min()) < 1 or int(group_scale.max()) > GROUP_SCALE_MAX):
+            raise ValueError(f"qfuse.{OP}: group_scale values must lie in [1, {GROUP_SCALE_MAX}]")
+        q = q * group_scale.to(torch.int16).repeat_interleave(group_size, dim=1)
+    return q.to(torch.int8)
+
+
+def dequantize_w4a8(qweight: Tensor, w_scale: Tensor, group_scale: Tensor | None, group_size: int) -> Tensor:
+    """The real weight as float32 ``[N, K]``: ``w_scale[n] * w_int[n, k]``."""
+    return w4a8_int_weight(qweight, group_scale, group_size).float() * w_scale.reshape(-1, 1)
+
+
+def w4a8_gemm_ref(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype) -> Tensor:
+    """Reference kernel for ``w4a8_gemm``."""
+    acc = int8_matmul_nt(xq.contiguous(), w4a8_int_weight(qweight, group_scale, group_size))
+    return scale_epilogue(acc, x_scale, w_scale, bias, out_dtype)
+
+
+def check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype) -> tuple[int, int, int]:
+    """Validate every argument of ``w4a8_gemm``; return (M, N, K)."""
+    check_tensor(OP, "xq", xq)
+    check_tensor(OP, "qweight", qweight)
+    check_dtype(OP, "xq", xq, torch.int8)
+    check_ndim(OP, "xq", xq, 2, "[M, K]")
+    m, k = xq.shape
+    if k % 2:
+        raise ValueError(f"qfuse.{OP}: K={k} must be even (two int4 codes per byte)")
+    if k > MAX_K:
+        raise ValueError(f"qfuse.{OP}: K={k} exceeds {MAX_K}, past which the int32 accumulator could overflow")
+    check_dtype(OP, "qweight", qweight, torch.uint8)
+    check_ndim(OP, "qweight", qweight, 2, "[N, K // 2]")
+    n = qweight.shape[0]
+    check_shape(OP, "qweight", qweight, (n, k // 2), f"[N, K // 2] with K={k} from xq")
+    check_contiguous(OP, "qweight", qweight)
+    check_act_scale(OP, x_scale, m)
+    check_weight_scale(OP, w_scale, n)
+    if group_size == -1:
+        if group_scale is not None:
+            raise ValueError(f"qfuse.{OP}: group_scale must be None for per-channel weights (group_size=-1)")
+    elif group_size == 128:
+        if k % group_size:
+            raise ValueError(f"qfuse.{OP}: K={k} is not divisible by group_size={group_size}")
+        if group_scale is None:
+            raise ValueError(f"qfuse.{OP}: group_size=128 needs group_scale (int8 [N, K // 128])")
+        check_tensor(OP, "group_scale", group_scale)
+        check_dtype(OP, "group_scale", group_scale, torch.int8)
+        check_shape(OP, "group_scale", group_scale, (n, k // group_size), "[N, K // 128]")
+        check_contiguous(OP, "group_scale", group_scale)
+    else:
+        raise ValueError(f"qfuse.{OP}: group_size must be -1 (per-channel) or 128, got {group_size}")
+    check_out_dtype(OP, out_dtype)
+    check_bias(OP, bias, n, out_dtype)
+    check_same_device(OP, "xq", xq, x_scale=x_scale, qweight=qweight, w_scale=w_scale, group_scale=group_scale, bias=bias)
+    return m, n, k
+
+
+@torch.library.custom_op("qfuse::w4a8_gemm", mutates_args=())
+def w4a8_gemm(
+    xq: Tensor,
+    x_scale: Tensor,
+    qweight: Tensor,
+    w_scale: Tensor,
+    group_scale: Tensor | None,
+    bias: Tensor | None,
+    group_size: int,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """int4 weights x int8 activations with an exact int32 accumulator and a float scale epilogue."""
+    check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
+    return w4a8_gemm_ref(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
+
+
+@w4a8_gemm.register_fake
+def _w4a8_gemm_fake(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype):
+    m, n, _ = check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
+    return torch.empty((m, n), dtype=out_dtype, device=xq.device)

@@ -1,0 +1,5 @@
+"""qfuse.passes: Inductor pattern-matcher passes that fuse activation quantization
+into the op before it. Importing this package changes no global Inductor config."""
+
+if __name__ != "qfuse.passes":  # pragma: no cover - guard against a second import root
+    raise ImportError(f"this package must be imported as 'qfuse.passes', not {__name__!r}")

@@ -1,0 +1,45 @@
+"""The ``qfuse`` command line.
+
+    qfuse demo [--schemes W8A8 W4A8 ...] [--no-compile]
+    qfuse bench NAME [options]        NAME = a module of qfuse.bench (gemm, int8, decoder, ...)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+
+def _bench_names() -> list[str]:
+    import qfuse.bench
+
+    return sorted(m.name for m in pkgutil.iter_modules(qfuse.bench.__path__) if m.name != "timing" and not m.name.startswith("_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="qfuse", description="Quantized LLM inference under torch.compile.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="quantize a small built-in Llama with every scheme; run eager and compiled")
+    demo.add_argument("--schemes", nargs="+", default=None, help="schemes to run (default: all)")
+    demo.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
+    demo.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    bench = sub.add_parser("bench", help="GPU benchmarks (CSV + PNG); `qfuse bench NAME --help`")
+    bench.add_argument("name", help="benchmark: " + ", ".join(_bench_names()))
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(args.schemes, compile_model=not args.no_compile, dtype=args.dtype)
+    if args.name not in _bench_names():
+        parser.error(f"unknown benchmark {args.name!r}; choose from {', '.join(_bench_names())}")
+    module = importlib.import_module(f"qfuse.bench.{args.name}")
+    return module.main(args.rest) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

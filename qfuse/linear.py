@@ -1,0 +1,103 @@
+"""``QuantLinear``: an ``nn.Linear`` replacement whose forward calls the qfuse ops."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from .ops.w4a8_gemm import dequantize_w4a8
+from .ops.wna16_gemm import dequantize_wna16
+from .quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
+from .schemes import Scheme, get_scheme
+
+_ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer with quantized, prepacked weights (buffers, so ``state_dict`` round-trips).
+
+    Weight-only schemes call ``qfuse::wna16_gemm``. int8-activation schemes call
+    ``qfuse::quant_per_token_int8`` then ``qfuse::w8a8_gemm`` / ``qfuse::w4a8_gemm`` as two
+    ops, so the fusion passes can merge the quantization into the op that produced x.
+    Inputs may have any leading shape ``[..., in_features]``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, scheme: Scheme | str, tensors: dict[str, Tensor | None], bias: Tensor | None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.scheme = get_scheme(scheme)
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: Scheme | str) -> "QuantLinear":
+        """Quantize ``linear`` (fp16/bf16 weight) with ``scheme``; the result lives on the same device."""
+        scheme = get_scheme(scheme)
+        w = linear.weight.detach()
+        check_quantizable(w, scheme, "linear")
+        n, k = w.shape
+        if scheme.weight_only:
+            tensors = quantize_wna16(w, scheme.weight_bits, scheme.group_size, scheme.symmetric, w.dtype)
+        elif scheme.weight_bits == 8:
+            tensors = quantize_w8a8(w)
+        else:
+            tensors = quantize_w4a8(w, scheme.group_size)
+        bias = None if linear.bias is None else linear.bias.detach().to(w.dtype).clone()
+        return cls(k, n, scheme, tensors, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        s = self.scheme
+        bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
+        if s.weight_only:
+            scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
+            out = torch.ops.qfuse.wna16_gemm(x2, self.qweight, scales, self.zeros, bias, s.weight_bits, s.group_size)
+        else:
+            xq, x_scale = torch.ops.qfuse.quant_per_token_int8(x2)
+            # .float(): Module.to(dtype) also converts float buffers; the ops take float32 scales.
+            w_scale = self.w_scale.float()
+            if s.weight_bits == 8:
+                out = torch.ops.qfuse.w8a8_gemm(xq, x_scale, self.wq, w_scale, bias, x.dtype)
+            else:
+                out = torch.ops.qfuse.w4a8_gemm(xq, x_scale, self.qweight, w_scale, self.group_scale, bias, s.group_size, x.dtype)
+        return out.reshape(*lead, self.out_features)
+
+    def dequantized_weight(self) -> Tensor:
+        """The float weight ``[out, in]`` the kernel effectively multiplies by.
+
+        Weight-only schemes: in the scales' dtype (the kernel's tensor-core operand).
+        int8-activation schemes: float32 ``w_scale * w_int`` (activations are quantized too).
+        """
+        s = self.scheme
+        if s.weight_only:
+            return dequantize_wna16(self.qweight, self.scales, self.zeros, s.weight_bits, s.group_size).to(self.scales.dtype)
+        if s.weight_bits == 8:
+            return self.wq.float() * self.w_scale.float().reshape(-1, 1)
+        return dequantize_w4a8(self.qweight, self.w_scale.float(), self.group_scale, s.group_size)
+
+    def weight_bytes(self) -> int:
+        """Bytes of every quantized-weight buffer (codes, scales, zero points; not the bias)."""
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers() if b is not None and name != "bias")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}, bias={self.bias is not None}"
+
+
+def check_quantizable(w: Tensor, scheme: Scheme, name: str) -> None:
+    """Raise a ValueError/TypeError saying why ``w`` [N, K] cannot take ``scheme``."""
+    if w.dtype not in _ACT_DTYPES:
+        raise TypeError(
+            f"{name}: weight dtype {w.dtype} is not supported; qfuse runs fp16/bf16 models "
+            "(convert first, e.g. model.to(torch.bfloat16))"
+        )
+    if w.dim() != 2:
+        raise ValueError(f"{name}: weight must be 2-D, got {tuple(w.shape)}")
+    k = w.shape[1]
+    if scheme.weight_bits == 4 and k % 2:
+        raise ValueError(f"{name}: in_features={k} must be even for 4-bit weights")
+    if scheme.group_size != -1 and k % scheme.group_size:
+        raise ValueError(f"{name}: in_features={k} is not divisible by group_size={scheme.group_size} of {scheme.name}")

@@ -1,0 +1,48 @@
+"""``RMSNorm`` module calling ``qfuse::rms_norm``, and conversion from the RMSNorm
+classes of Hugging Face models and ``torch.nn.RMSNorm``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import ops  # noqa: F401
+
+# Classes with exactly LlamaRMSNorm's math (weight * normalize(x).to(dtype)).
+# Gemma's RMSNorm (x * (1 + weight)) is deliberately absent.
+HF_RMSNORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "MixtralRMSNorm", "Qwen2RMSNorm", "Qwen2MoeRMSNorm", "Qwen3RMSNorm")
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with Hugging Face ``LlamaRMSNorm`` semantics, as one ``qfuse::rms_norm`` op."""
+
+    def __init__(self, weight: Tensor, eps: float | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+        self.eps = eps  # None: torch.finfo(x.dtype).eps, as torch.nn.RMSNorm does
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> "RMSNorm":
+        if isinstance(module, nn.RMSNorm):
+            shape = tuple(module.normalized_shape)
+            if len(shape) != 1:
+                raise ValueError(f"only RMSNorm over the last dimension is supported, got normalized_shape={shape}")
+            weight = module.weight if module.weight is not None else torch.ones(shape)
+            return cls(weight, module.eps)
+        if type(module).__name__ in HF_RMSNORM_CLASSES:
+            return cls(module.weight, float(module.variance_epsilon))
+        raise TypeError(f"cannot convert {type(module).__name__} to qfuse RMSNorm")
+
+    def forward(self, x: Tensor) -> Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return torch.ops.qfuse.rms_norm(x, weight, float(eps))
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def is_convertible_rmsnorm(module: nn.Module) -> bool:
+    if isinstance(module, nn.RMSNorm):
+        return len(tuple(module.normalized_shape)) == 1
+    return type(module).__name__ in HF_RMSNORM_CLASSES and hasattr(module, "variance_epsilon")

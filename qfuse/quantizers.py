@@ -1,0 +1,92 @@
+"""Weight quantizers: float ``[N, K]`` weights -> the prepacked buffers each op reads.
+
+These run once per layer at quantize time (plain torch, float32 math); the
+layouts they produce are documented in the op modules (``qfuse.ops.*``).
+Every scale stored in a reduced dtype is rounded first, and the codes are
+computed from the rounded scale, so the stored tensors describe the real
+weight as faithfully as their dtype allows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .ops.int4_packing import pack_int4
+from .ops.w4a8_gemm import GROUP_SCALE_MAX
+
+# Smallest scale numerator (as AutoAWQ's clamp(min=1e-5)): keeps an all-zero group finite.
+_MIN_RANGE = 1e-5
+
+
+def _grouped(w: Tensor, group_size: int) -> Tensor:
+    """View ``[N, K]`` as ``[N, G, group]`` (G = 1 for per-channel)."""
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    if k % g:
+        raise ValueError(f"K={k} is not divisible by group_size={group_size}")
+    return w.reshape(n, k // g, g)
+
+
+def quantize_wna16(w: Tensor, bits: int, group_size: int, symmetric: bool, scale_dtype: torch.dtype) -> dict[str, Tensor | None]:
+    """Weight-only quantization for ``wna16_gemm``: returns ``qweight``, ``scales``, ``zeros``.
+
+    symmetric:  s = max(amax, 1e-5) / (2**(bits-1) - 1);  q = clamp(round(w / s), -2**(bits-1), 2**(bits-1) - 1);
+                stored u = q + 2**(bits-1)  (zeros = None)
+    asymmetric: AutoAWQ ``pseudo_quantize_tensor(zero_point=True)``:
+                s = max(max - min, 1e-5) / (2**bits - 1);  z = clamp(-round(min / s), 0, 2**bits - 1);
+                u = clamp(round(w / s) + z, 0, 2**bits - 1)
+    """
+    wg = _grouped(w.float(), group_size)
+    n, groups, _ = wg.shape
+    if symmetric:
+        qmax = (1 << (bits - 1)) - 1
+        s = (wg.abs().amax(dim=-1, keepdim=True).clamp(min=_MIN_RANGE) / qmax).to(scale_dtype).float()
+        q = torch.round(wg / s).clamp(-qmax - 1, qmax) + (qmax + 1)
+        zeros = None
+    else:
+        umax = (1 << bits) - 1
+        wmax, wmin = wg.amax(dim=-1, keepdim=True), wg.amin(dim=-1, keepdim=True)
+        s = ((wmax - wmin).clamp(min=_MIN_RANGE) / umax).to(scale_dtype).float()
+        z = (-torch.round(wmin / s)).clamp(0, umax)
+        q = (torch.round(wg / s) + z).clamp(0, umax)
+        zeros = z.reshape(n, groups).to(torch.uint8).contiguous()
+    codes = q.reshape(n, -1).to(torch.uint8)
+    qweight = pack_int4(codes) if bits == 4 else codes.contiguous()
+    return {"qweight": qweight, "scales": s.reshape(n, groups).to(scale_dtype).contiguous(), "zeros": zeros}
+
+
+def quantize_w8a8(w: Tensor) -> dict[str, Tensor]:
+    """Per-channel symmetric int8 for ``w8a8_gemm``: ``s = max(amax, 1e-5) / 127``, ``wq = clamp(round(w / s), -127, 127)``."""
+    wf = w.float()
+    s = wf.abs().amax(dim=1, keepdim=True).clamp(min=_MIN_RANGE) / 127.0
+    wq = torch.round(wf / s).clamp(-127, 127).to(torch.int8)
+    return {"wq": wq.contiguous(), "w_scale": s.reshape(-1).contiguous()}
+
+
+def quantize_w4a8(w: Tensor, group_size: int) -> dict[str, Tensor | None]:
+    """int4 weights for ``w4a8_gemm``: returns ``qweight``, ``w_scale``, ``group_scale``.
+
+    per-channel (QQQ):  w_scale = amax / 7;  q = clamp(round(w / w_scale), -8, 7)
+    group 128:          w_scale = amax_row / (7 * 16)  (so amax_row is 112 units of w_scale)
+                        group_scale = clamp(ceil(amax_group / (7 * w_scale)), 1, 16)   integer
+                        q = clamp(round(w / (w_scale * group_scale)), -8, 7)
+    stored u = q + 8. The group path keeps every product q * group_scale inside int8.
+    """
+    wf = w.float()
+    n, k = wf.shape
+    amax = wf.abs().amax(dim=1, keepdim=True).clamp(min=_MIN_RANGE)
+    if group_size == -1:
+        w_scale = amax / 7.0
+        q = torch.round(wf / w_scale).clamp(-8, 7)
+        group_scale = None
+    elif group_size == 128:
+        w_scale = amax / (7.0 * GROUP_SCALE_MAX)
+        wg = _grouped(wf, group_size)
+        gs = torch.ceil(wg.abs().amax(dim=-1, keepdim=True) / (7.0 * w_scale.unsqueeze(-1))).clamp(1, GROUP_SCALE_MAX)
+        q = torch.round(wg / (w_scale.unsqueeze(-1) * gs)).clamp(-8, 7).reshape(n, k)
+        group_scale = gs.reshape(n, -1).to(torch.int8).contiguous()
+    else:
+        raise ValueError(f"W4A8 group_size must be -1 or 128, got {group_size}")
+    qweight = pack_int4((q + 8).to(torch.uint8))
+    return {"qweight": qweight, "w_scale": w_scale.reshape(-1).contiguous(), "group_scale": group_scale}

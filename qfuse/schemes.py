@@ -1,0 +1,69 @@
+"""Quantization schemes: which weights and activations are quantized, and how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A quantization preset.
+
+    weight_bits   8 or 4
+    act_bits      16: weight-only (activations stay fp16/bf16); 8: dynamic per-token int8 activations
+    group_size    -1 = one scale per output channel, else the number of input features sharing a scale
+    symmetric     False: integer zero points per group (AWQ style); weight-only schemes only
+    """
+
+    name: str
+    weight_bits: int
+    act_bits: int
+    group_size: int = -1
+    symmetric: bool = True
+    description: str = ""
+
+    def __post_init__(self):
+        if self.weight_bits not in (4, 8):
+            raise ValueError(f"Scheme {self.name}: weight_bits must be 4 or 8, got {self.weight_bits}")
+        if self.act_bits not in (8, 16):
+            raise ValueError(f"Scheme {self.name}: act_bits must be 8 or 16, got {self.act_bits}")
+        if self.act_bits == 16 and self.group_size not in (-1, 32, 64, 128):
+            raise ValueError(f"Scheme {self.name}: group_size must be -1, 32, 64 or 128, got {self.group_size}")
+        if self.act_bits == 8:
+            if not self.symmetric:
+                raise ValueError(f"Scheme {self.name}: int8-activation schemes are symmetric")
+            allowed = (-1,) if self.weight_bits == 8 else (-1, 128)
+            if self.group_size not in allowed:
+                raise ValueError(f"Scheme {self.name}: group_size must be one of {allowed}, got {self.group_size}")
+
+    @property
+    def weight_only(self) -> bool:
+        return self.act_bits == 16
+
+    @property
+    def op(self) -> str:
+        """The GEMM op that runs this scheme."""
+        if self.weight_only:
+            return "wna16_gemm"
+        return "w8a8_gemm" if self.weight_bits == 8 else "w4a8_gemm"
+
+
+W8A16 = Scheme("W8A16", 8, 16, -1, True, "int8 weights per-channel, fp16/bf16 activations")
+W4A16 = Scheme("W4A16", 4, 16, 128, True, "int4 weights, group 128, symmetric")
+W4A16_ASYM = Scheme("W4A16_ASYM", 4, 16, 128, False, "int4 weights, group 128, zero points (AutoAWQ math)")
+W8A8 = Scheme("W8A8", 8, 8, -1, True, "int8 weights per-channel x int8 activations per-token (SmoothQuant)")
+W4A8 = Scheme("W4A8", 4, 8, -1, True, "int4 weights per-channel x int8 activations per-token (QQQ)")
+W4A8_G128 = Scheme("W4A8_G128", 4, 8, 128, True, "int4 weights group 128 (integer 2nd-level scale) x int8 per-token")
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (W8A16, W4A16, W4A16_ASYM, W8A8, W4A8, W4A8_G128)}
+
+
+def get_scheme(scheme: str | Scheme) -> Scheme:
+    """Look up a scheme by name (case-insensitive) or pass a :class:`Scheme` through."""
+    if isinstance(scheme, Scheme):
+        return scheme
+    if isinstance(scheme, str):
+        found = SCHEMES.get(scheme.upper())
+        if found is not None:
+            return found
+    raise ValueError(f"unknown quantization scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
