@@ -7,7 +7,7 @@ calls :func:`pick_config`. Lookup order:
 1. the in-process cache;
 2. the user cache file: ``$QFUSE_AUTOTUNE_CACHE`` if set, else
    ``~/.cache/qfuse/autotune.json``;
-3. the defaults shipped in ``ops/tuned/<gpu>.json`` (measured on that GPU);
+3. the defaults shipped in ``ops/tuned/<op>.<gpu>.json`` (measured on that GPU);
 4. a measurement: every candidate is timed with ``triton.testing.do_bench`` (median)
    and the fastest is stored in the user cache file;
 
@@ -93,7 +93,7 @@ def pick_config(op: str, key: tuple, candidates: list[dict], run: Callable[[dict
     with _lock:
         if entry_key not in _memory:
             _load(cache_path())
-            _load(_TUNED_DIR / f"{device_name(device)}.json")
+            _load(_TUNED_DIR / f"{op}.{device_name(device)}.json")
         hit = _memory.get(entry_key)
     if hit is not None:
         return hit
