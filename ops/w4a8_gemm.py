@@ -125,6 +125,21 @@ def w4a8_gemm(
     return w4a8_gemm_ref(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
 
 
+@w4a8_gemm.register_kernel("cuda")
+def _w4a8_gemm_cuda(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype):
+    """The Triton kernel of ops/int8_gemm_kernels.py (bit-identical to the reference).
+
+    group_scale values outside [1, 16] are not checked here (that would need a host
+    sync); the kernel's int8 product wraps for them, as the docstring's range allows.
+    """
+    _, _, k = check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
+    if k == 0:
+        return w4a8_gemm_ref(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
+    from .int8_gemm_kernels import int8_gemm
+
+    return int8_gemm(OP, xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, w4=True, group_size=group_size)
+
+
 @w4a8_gemm.register_fake
 def _w4a8_gemm_fake(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype):
     m, n, _ = check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)

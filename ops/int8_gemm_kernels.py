@@ -1,0 +1,272 @@
+"""Triton kernel for the int8-activation GEMMs ``w8a8_gemm`` and ``w4a8_gemm``.
+
+One kernel, specialised by constexprs, computes (the math of ops/w8a8_gemm.py and
+ops/w4a8_gemm.py)::
+
+    acc[m, n] = sum_k int32(xq[m, k]) * w_int[n, k]                       exact int32
+    out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
+
+with ``w_int = wq`` (W8A8) or ``w_int = (u - 8) * group_scale[n, k // 128]`` (W4A8,
+group_scale = 1 per-channel), a value in [-128, 112] that fits int8 exactly, so the
+main loop is one int8 x int8 -> int32 ``tl.dot`` per tile in both cases.
+
+Design (why, with the numbers behind it in BENCHMARKS.md):
+
+* **Weight-major tiles** (Machete's "swap A and B"): a program computes
+  ``acc^T[BLOCK_N, BLOCK_M] = w_int[BLOCK_N, BLOCK_K] @ xq^T[BLOCK_K, BLOCK_M]``.
+  The weight, the big operand, is the MMA's M side (64/128 rows, what Hopper's
+  wgmma wants) and the few decode tokens are its N side (16 is legal), so decode does
+  not pad M to 64; for W4A8 the dequantized weight tile comes from registers.
+* **int4 unpack in registers**: a tile of packed bytes ``[BLOCK_N, BLOCK_K // 2]`` is
+  loaded contiguously (16-byte vectors), ``s = int8(p ^ 0x88)`` turns both nibbles into
+  two's-complement ``u - 8``, ``lo = (s << 4) >> 4`` and ``hi = s >> 4`` sign-extend them,
+  and ``join + reshape`` interleaves them back to ``k = 2j, 2j + 1``. With group 128 the
+  tile's K range lies in one group (BLOCK_K divides 128), so the second-level scale is a
+  ``[BLOCK_N]`` int8 vector: ``w_int = q * gs`` is exact in int8 (|q * gs| <= 128).
+* **Split-K** (SPLIT_K > 1, for decode shapes with too few output tiles for 132 SMs):
+  each split adds its exact int32 partial into a zeroed int32 workspace with
+  ``atomic_add``; the program that bumps the tile's counter last reads the complete
+  int32 sum and runs the float epilogue. Integer addition is associative, so the
+  result is bit-identical to SPLIT_K = 1 whatever order the splits land in.
+  |acc| <= K * 2**14 < 2**31 for K <= 131072 holds for every partial and for the sum.
+* **Epilogue order**: ``(acc * x_scale) * w_scale + bias`` in float32, as the
+  reference; the launcher passes ``enable_fp_fusion=False`` so no FMA contracts the
+  last two steps, which makes the output bit-identical to the reference (the GPU
+  tests assert equality).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _int8_gemm_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
+    M, N, K,
+    W4: tl.constexpr, GROUPED: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    # ---- tile order: GROUP_N weight-row tiles x all token tiles run together (L2 reuse)
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_N * num_pid_m
+    first_n = (pid // per_group) * GROUP_N
+    group_n = tl.minimum(num_pid_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % per_group) % group_n
+    pid_m = (pid % per_group) // group_n
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    rows_n = tl.where(mask_n, offs_n, 0)  # clamped row indices keep unmasked loads in bounds
+    rows_m = tl.where(mask_m, offs_m, 0)
+
+    # ---- this split's range of K tiles
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * tiles_per_split * BLOCK_K
+    k_end = tl.minimum(k_begin + tiles_per_split * BLOCK_K, K)
+
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows_m[None, :].to(tl.int64) * K + (k_begin + offs_k)[:, None]  # xq^T tile [BK, BM]
+    if W4:
+        offs_kp = tl.arange(0, BLOCK_K // 2)
+        w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * (K // 2) + (k_begin // 2 + offs_kp)[None, :]
+    else:
+        w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * K + (k_begin + offs_k)[None, :]
+    if GROUPED:
+        gs_rows = gs_ptr + rows_n.to(tl.int64) * (K // 128)
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs)
+        else:
+            xt = tl.load(x_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0)
+        if W4:
+            if EVEN_K:
+                p = tl.load(w_ptrs)
+            else:
+                p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K // 2, other=0)
+            s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
+            lo = (s << 4) >> 4  # sign-extended low nibble: even k
+            hi = s >> 4  # sign-extended high nibble: odd k
+            w = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
+            if GROUPED:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
+                w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
+            w_ptrs += BLOCK_K // 2
+        else:
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0)
+            w_ptrs += BLOCK_K
+        acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
+        x_ptrs += BLOCK_K
+
+    mask = mask_n[:, None] & mask_m[None, :]
+    if SPLIT_K > 1:
+        # exact int32 reduction of the partials; the last program of the tile finishes it
+        tile = pid_m * num_pid_n + pid_n
+        ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial is issued before the counter moves
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")  # L2, not a stale L1 line
+            _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
+                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    else:
+        _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
+                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit
+def _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
+              X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """``out^T[n, m] = out_dtype((float32(acc) * x_scale[m]) * w_scale[n] + float32(bias[n]))``."""
+    if X_PER_TOKEN:
+        xs = tl.load(xs_ptr + rows_m)[None, :]
+    else:
+        xs = tl.load(xs_ptr)
+    if W_PER_CHANNEL:
+        ws = tl.load(ws_ptr + rows_n)[:, None]
+    else:
+        ws = tl.load(ws_ptr)
+    y = acc.to(tl.float32) * xs
+    y = y * ws
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + rows_n).to(tl.float32)[:, None]
+    out_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        tl.store(out_ptrs, _bf16_rne(y), mask=mask)
+    else:
+        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bf16_rne(y):
+    """float32 -> bfloat16, round half to even, as torch's ``.to(torch.bfloat16)``.
+
+    Spelled out in integer ops because the Triton interpreter's cast truncates (the
+    GPU cast rounds to nearest even); both paths then give torch's bits.
+    """
+    bits = y.to(tl.uint32, bitcast=True)
+    bits = bits + (0x7FFF + ((bits >> 16) & 1))
+    out = (bits >> 16).to(tl.uint16)
+    out = tl.where(y != y, 0x7FC0, out)  # NaN stays NaN (the carry above could reach the sign bit)
+    return out.to(tl.bfloat16, bitcast=True)
+
+
+# ---------------------------------------------------------------- launcher and configs
+
+def _config(bm, bn, bk, split_k=1, warps=4, stages=4, group_n=8):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split_k,
+            "GROUP_N": group_n, "num_warps": warps, "num_stages": stages}
+
+
+def _split_for(m, n, k, bm, bn, bk, sms):
+    """Smallest power-of-two split giving >= 2 programs per SM, keeping >= 4 K tiles per split."""
+    tiles = -(-m // bm) * -(-n // bn)
+    split = 1
+    while tiles * split < 2 * sms and k // (bk * split * 2) >= 4 and split < 16:
+        split *= 2
+    return split
+
+
+def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
+    """Configs to try for one problem, heuristic choice first (used when tuning is off).
+
+    Token tile BLOCK_M by M; weight tile BLOCK_N x BLOCK_K sized for wgmma (64/128 rows);
+    BLOCK_K <= 128 with group 128 so one tile reads one group's scales.
+    """
+    kmax = 128 if group_size == 128 else 256
+    if m <= 16:
+        shapes = [(16, 64, kmax, 4, 6), (16, 128, kmax, 4, 4), (16, 64, 128, 4, 8), (16, 128, 128, 4, 6)]
+        out = []
+        for bm, bn, bk, w, s in shapes:
+            base = _split_for(m, n, k, bm, bn, bk, sms)
+            for sk in dict.fromkeys((base, max(1, base // 2))):
+                out.append(_config(bm, bn, bk, sk, w, s))
+        return out
+    if m <= 64:
+        bm = 32 if m <= 32 else 64
+        return [_config(bm, 128, 128, _split_for(m, n, k, bm, 128, 128, sms), 4, 4),
+                _config(bm, 64, kmax, _split_for(m, n, k, bm, 64, kmax, sms), 4, 5),
+                _config(bm, 128, 128, 1, 4, 4), _config(bm, 128, kmax, 1, 4, 4)]
+    if m <= 512:
+        return [_config(64, 128, 128, 1, 4, 4), _config(128, 128, 128, 1, 8, 4),
+                _config(128, 128, 128, 1, 4, 3), _config(64, 128, 128, _split_for(m, n, k, 64, 128, 128, sms), 4, 4)]
+    return [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4),
+            _config(128, 256, 128, 1, 8, 3), _config(128, 128, 128, 1, 4, 4)]
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 132
+    if device not in _SMS:
+        import torch
+
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, config: dict):
+    """Launch the kernel with ``config``; arguments already checked by the op. Returns [M, N]."""
+    import torch
+
+    m, k = xq.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        raise ValueError("run_int8_gemm: K must be positive (the ops send K == 0 to their reference)")
+    cfg = dict(config)
+    bm, bn, bk, split = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
+    group_n, warps, stages = cfg.pop("GROUP_N"), cfg.pop("num_warps"), cfg.pop("num_stages")
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if split > 1:
+        buf = torch.zeros(m * n + tiles, dtype=torch.int32, device=xq.device)  # partial sums + arrival counters
+        acc_ws, counts = buf[: m * n], buf[m * n:]
+    else:
+        acc_ws = counts = out  # never touched when SPLIT_K == 1
+    xq = xq.contiguous()
+    xs = x_scale.reshape(-1).contiguous()
+    _int8_gemm_kernel[(tiles, split)](
+        xq, xs, w, w_scale, group_scale if group_scale is not None else w_scale,
+        bias if bias is not None else w_scale, out, acc_ws, counts,
+        m, n, k,
+        W4=w4, GROUPED=group_scale is not None,
+        X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
+        W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
+        HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_N=group_n,
+        EVEN_K=k % bk == 0,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+    )
+    return out
+
+
+def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, group_size: int = -1):
+    """Pick a config (ops/_autotune.py: cache, shipped defaults, or a measurement) and run."""
+    from ._autotune import m_bucket, pick_config
+
+    m, k = xq.shape
+    n = w.shape[0]
+    key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
+    cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device))
+    cfg = pick_config(op, key, cands,
+                      lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
+                      xq.device)
+    return run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=cfg)
