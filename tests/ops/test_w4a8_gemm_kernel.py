@@ -1,0 +1,176 @@
+"""The Triton kernel of ``qfuse::w4a8_gemm`` against its reference and the fake-quant math.
+
+* Against the reference kernel: bit for bit (exact int32 accumulator over the exact int8
+  operand ``w_int = (u - 8) * group_scale``, and the reference's float epilogue order).
+* Against fake quantization (dequantize to the real weight, then matmul), computed in
+  float64, where every product and sum of the integer parts is exact: the kernel output
+  must equal that value up to the output dtype's rounding (half an ulp: relative 2**-8
+  for bf16, 2**-11 for fp16), plus float32 epilogue rounding (a few 2**-24 of the
+  magnitudes involved). This is the check QQQ's per-group kernel would fail (its fp16
+  second-level scale is rounded inside the kernel), and it covers bf16, which QQQ lacks.
+"""
+
+import pytest
+import torch
+
+from qfuse.ops._int_matmul import int8_matmul_nt
+from qfuse.ops.int4_packing import pack_int4
+from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
+
+from .test_w8a8_gemm_kernel import SHAPES, assert_bitwise, kernel_acc
+
+DTYPES = (torch.bfloat16, torch.float16)
+HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}  # half an ulp, relative, at the bottom of a binade
+
+
+def make_w4a8(m, n, k, group_size=-1, device="cpu", per_token=True, bias=True, out_dtype=torch.bfloat16):
+    xq = torch.randint(-128, 128, (m, k), dtype=torch.int8, device=device)
+    qweight = pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8, device=device))
+    x_scale = (torch.rand(m, 1, device=device) + 0.05) / 64 if per_token else torch.rand(1, device=device) / 64 + 1e-3
+    w_scale = (torch.rand(n, device=device) + 0.05) / 512
+    gs = torch.randint(1, 17, (n, k // 128), dtype=torch.int8, device=device) if group_size == 128 else None
+    b = torch.randn(n, device=device).to(out_dtype) if bias else None
+    return xq, x_scale, qweight, w_scale, gs, b
+
+
+def fake_quant_check(out, xq, x_scale, qweight, w_scale, gs, b, group_size):
+    """``out`` vs (xq * x_scale) @ dequantize(w).T + bias in float64 (see the module docstring)."""
+    w = dequantize_w4a8(qweight, w_scale, gs, group_size).double()
+    x = xq.double() * x_scale.double().reshape(-1, 1)
+    exact = x @ w.t()
+    mag = x.abs() @ w.abs().t()
+    if b is not None:
+        exact = exact + b.double()
+        mag = mag + b.double().abs()
+    tol = HALF_ULP[out.dtype] * exact.abs() + 2.0**-20 * mag + 2.0**-24
+    err = (out.double() - exact).abs()
+    assert (err <= tol).all(), f"max err/tol {(err / tol).max().item():.3g}"
+
+
+# --------------------------------------------------------------- CPU: Triton interpreter
+
+@pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_accumulator_exact(m, group_size, split_k):
+    n, k = 40, 384
+    xq, _, qweight, _, gs, _ = make_w4a8(m, n, k, group_size)
+    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=_config(16, 32, 64, split_k))
+    assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, group_size)))
+
+
+def test_accumulator_extremes():
+    """u = 0 (q = -8) times group_scale 16 is w_int = -128, the int8 edge; xq = -128."""
+    k = 1024
+    xq = torch.full((2, k), -128, dtype=torch.int8)
+    codes = torch.zeros((32, k), dtype=torch.uint8)
+    codes[1::2] = 15  # q = 7, w_int = 112
+    gs = torch.full((32, k // 128), 16, dtype=torch.int8)
+    acc = kernel_acc(xq, pack_int4(codes), w4=True, group_scale=gs, config=_config(16, 32, 128, 1))
+    assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(pack_int4(codes), gs, 128)))
+    assert acc.abs().max() == k * 2**14
+
+
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("per_token", [True, False])
+def test_matches_reference_and_fake_quant(group_size, out_dtype, per_token):
+    args = make_w4a8(7, 48, 256, group_size, per_token=per_token, out_dtype=out_dtype)
+    out = run_int8_gemm(*args[:5], args[5], out_dtype, w4=True, config=_config(16, 32, 128, 2))
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
+    fake_quant_check(out, *args, group_size)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 24, 130), (17, 56, 98)])
+def test_odd_shapes_per_channel(m, n, k):
+    """K not a multiple of BLOCK_K (nor of 4): the packed tail is masked."""
+    args = make_w4a8(m, n, k)
+    out = run_int8_gemm(*args[:5], args[5], torch.bfloat16, w4=True, config=_config(16, 32, 64, 1))
+    assert_bitwise(out, w4a8_gemm_ref(*args, -1, torch.bfloat16))
+
+
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_heuristic_config_on_cpu(group_size):
+    args = make_w4a8(3, 64, 512, group_size)
+    out = int8_gemm("w4a8_gemm", *args[:5], args[5], torch.bfloat16, w4=True, group_size=group_size)
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
+
+
+def test_group_scale_is_applied_per_group():
+    """A kernel that ignored or misplaced group scales would fail this (scales differ per group)."""
+    xq, xs, qweight, ws, _, b = make_w4a8(2, 32, 512, 128)
+    gs = torch.arange(1, 5, dtype=torch.int8).repeat(32, 1)  # group g has scale g + 1
+    out = run_int8_gemm(xq, xs, qweight, ws, gs, b, torch.float16, w4=True, config=_config(16, 32, 64, 1))
+    assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, gs, b, 128, torch.float16))
+    flipped = run_int8_gemm(xq, xs, qweight, ws, gs.flip(1).contiguous(), b, torch.float16, w4=True, config=_config(16, 32, 64, 1))
+    assert not torch.equal(out, flipped)
+
+
+# --------------------------------------------------------------- GPU grid (H200)
+
+GRID_M = [1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096]
+ODD_SHAPES = [(1000, 4224), (72, 3072), (8200, 256)]  # K % 128 == 0 for the group-128 runs
+
+
+@pytest.fixture
+def no_tuning(monkeypatch):
+    monkeypatch.setenv("QFUSE_AUTOTUNE", "0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("n,k", SHAPES + ODD_SHAPES)
+@pytest.mark.parametrize("m", GRID_M)
+def test_gpu_grid(m, n, k, group_size, no_tuning):
+    out_dtype = torch.bfloat16 if (m + n) % 2 == 0 else torch.float16
+    args = make_w4a8(m, n, k, group_size, device="cuda", out_dtype=out_dtype)
+    out = torch.ops.qfuse.w4a8_gemm(*args, group_size, out_dtype)
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
+    if m <= 64:  # float64 fake-quant at M = 4096 x 28672 x 4096 costs seconds per case
+        fake_quant_check(out, *args, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_gpu_fake_quant(m, group_size, out_dtype, no_tuning):
+    args = make_w4a8(m, 4096, 4096, group_size, device="cuda", per_token=m != 16, out_dtype=out_dtype)
+    out = torch.ops.qfuse.w4a8_gemm(*args, group_size, out_dtype)
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
+    fake_quant_check(out, *args, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_gpu_every_candidate(m, group_size):
+    n, k = 4096, 14336
+    args = make_w4a8(m, n, k, group_size, device="cuda")
+    ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
+    for cfg in candidate_configs(m, n, k, group_size, torch.cuda.get_device_properties(0).multi_processor_count):
+        assert_bitwise(run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg), ref)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(no_tuning):
+    args = make_w4a8(2, 4096, 4096, 128, device="cuda")
+    torch.ops.qfuse.w4a8_gemm(*args, 128, torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.qfuse.w4a8_gemm(*args, 128, torch.bfloat16)
+    args[0].copy_(torch.randint(-128, 128, args[0].shape, dtype=torch.int8, device="cuda"))
+    graph.replay()
+    assert_bitwise(out, w4a8_gemm_ref(*args, 128, torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_bad_input():
+    xq, xs, qw, ws, gs, b = make_w4a8(4, 64, 256, 128, device="cuda")
+    with pytest.raises(ValueError):
+        torch.ops.qfuse.w4a8_gemm(xq, xs, qw, ws, gs, b, 64, torch.bfloat16)
+    with pytest.raises(ValueError):
+        torch.ops.qfuse.w4a8_gemm(xq, xs, qw, ws, None, b, 128, torch.bfloat16)
+    with pytest.raises(TypeError):
+        torch.ops.qfuse.w4a8_gemm(xq, xs, qw.to(torch.int8), ws, gs, b, 128, torch.bfloat16)

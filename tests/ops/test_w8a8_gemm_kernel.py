@@ -1,0 +1,165 @@
+"""The Triton kernel of ``qfuse::w8a8_gemm`` against its reference kernel.
+
+Tolerance: none. The int32 accumulator is exact, and the kernel's float epilogue does
+the reference's operations in the reference's order (``(acc * x_scale) * w_scale + bias``,
+FMA contraction off, bf16 rounded to nearest even), so outputs are compared bit for bit.
+On CPU the kernel runs under the Triton interpreter (small shapes, explicit configs).
+"""
+
+import pytest
+import torch
+
+from qfuse.ops._int_matmul import int8_matmul_nt
+from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def make_w8a8(m, n, k, device="cpu", per_token=True, per_channel=True, bias=True, out_dtype=torch.bfloat16):
+    xq = torch.randint(-128, 128, (m, k), dtype=torch.int8, device=device)
+    wq = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+    x_scale = (torch.rand(m, 1, device=device) + 0.05) / 64 if per_token else torch.rand(1, device=device) / 64 + 1e-3
+    w_scale = (torch.rand(n, device=device) + 0.05) / 64 if per_channel else torch.rand(1, device=device) / 64 + 1e-3
+    b = torch.randn(n, device=device).to(out_dtype) if bias else None
+    return xq, x_scale, wq, w_scale, b
+
+
+def kernel_acc(xq, w, *, w4=False, group_scale=None, config):
+    """The kernel's int32 accumulator: unit scales, float32 output (exact while |acc| <= 2**24)."""
+    one = torch.ones(1, device=xq.device)
+    out = run_int8_gemm(xq, one, w, one, group_scale, None, torch.float32, w4=w4, config=config)
+    assert out.abs().max() <= 2**24  # every integer up to 2**24 is a float32
+    return out.to(torch.int32)
+
+
+def assert_bitwise(out, ref):
+    assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
+    if not torch.equal(out, ref):
+        d = (out.float() - ref.float()).abs()
+        raise AssertionError(f"{int((d > 0).sum())} of {d.numel()} outputs differ, max |diff| {d.max().item():.3g}")
+
+
+# --------------------------------------------------------------- CPU: Triton interpreter
+
+@pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_accumulator_exact(m, split_k):
+    n, k = 40, 200  # odd N tile, K not a multiple of BLOCK_K: masked tails
+    xq, _, wq, _, _ = make_w8a8(m, n, k)
+    acc = kernel_acc(xq, wq, config=_config(16, 32, 64, split_k))
+    assert torch.equal(acc, int8_matmul_nt(xq, wq))
+
+
+def test_accumulator_extremes():
+    """All -128: the largest |acc| per product (2**14); K = 1024 keeps float32(acc) exact."""
+    xq = torch.full((3, 1024), -128, dtype=torch.int8)
+    wq = torch.full((32, 1024), -128, dtype=torch.int8)
+    wq[::2] = 127
+    acc = kernel_acc(xq, wq, config=_config(16, 32, 256, 2))
+    assert torch.equal(acc, int8_matmul_nt(xq, wq))
+    assert acc.abs().max() == 1024 * 2**14
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_scale_variants_match_reference(per_token, per_channel, out_dtype):
+    args = make_w8a8(7, 48, 256, per_token=per_token, per_channel=per_channel, out_dtype=out_dtype)
+    out = run_int8_gemm(*args[:4], None, args[4], out_dtype, w4=False, config=_config(16, 32, 128, 2))
+    assert_bitwise(out, w8a8_gemm_ref(*args, out_dtype))
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 24, 96), (17, 56, 160), (33, 40, 64)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_odd_shapes_match_reference(m, n, k, bias):
+    args = make_w8a8(m, n, k, bias=bias)
+    out = run_int8_gemm(*args[:4], None, args[4], torch.bfloat16, w4=False, config=_config(16, 32, 64, 1))
+    assert_bitwise(out, w8a8_gemm_ref(*args, torch.bfloat16))
+
+
+def test_heuristic_config_on_cpu():
+    """The launcher's own config choice (first candidate) runs and matches."""
+    args = make_w8a8(5, 64, 512)
+    out = int8_gemm("w8a8_gemm", *args[:4], None, args[4], torch.float16, w4=False)
+    assert_bitwise(out, w8a8_gemm_ref(*args, torch.float16))
+
+
+def test_candidates_are_legal():
+    for m in (1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096):
+        for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (40, 96)):
+            for gs in (-1, 128):
+                for c in candidate_configs(m, n, k, gs, 132):
+                    assert c["BLOCK_M"] >= 16 and c["BLOCK_N"] >= 16 and c["SPLIT_K"] >= 1
+                    if gs == 128:
+                        assert 128 % c["BLOCK_K"] == 0
+
+
+# --------------------------------------------------------------- GPU grid (H200)
+
+SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
+ODD_SHAPES = [(1000, 4104), (72, 3000), (8200, 136)]
+GRID_M = [1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096]
+
+
+@pytest.fixture
+def no_tuning(monkeypatch):
+    """Shipped configs, else the heuristic one: the grid checks numerics, not speed."""
+    monkeypatch.setenv("QFUSE_AUTOTUNE", "0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", SHAPES + ODD_SHAPES)
+@pytest.mark.parametrize("m", GRID_M)
+def test_gpu_grid(m, n, k, no_tuning):
+    bias = (m + n) % 2 == 0
+    args = make_w8a8(m, n, k, device="cuda", bias=bias)
+    out = torch.ops.qfuse.w8a8_gemm(*args, torch.bfloat16)
+    assert_bitwise(out, w8a8_gemm_ref(*args, torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_gpu_scale_variants(m, per_token, per_channel, out_dtype, no_tuning):
+    args = make_w8a8(m, 4096, 4096, device="cuda", per_token=per_token, per_channel=per_channel, out_dtype=out_dtype)
+    out = torch.ops.qfuse.w8a8_gemm(*args, out_dtype)
+    assert_bitwise(out, w8a8_gemm_ref(*args, out_dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_gpu_every_candidate(m):
+    """Every candidate config (split-K ones race their int32 partials for real here)."""
+    n, k = 6144, 4096
+    xq, xs, wq, ws, b = make_w8a8(m, n, k, device="cuda")
+    ref = w8a8_gemm_ref(xq, xs, wq, ws, b, torch.bfloat16)
+    for cfg in candidate_configs(m, n, k, -1, torch.cuda.get_device_properties(0).multi_processor_count) + [_config(16, 64, 256, 16)]:
+        assert torch.equal(kernel_acc(xq, wq, config=cfg), int8_matmul_nt(xq, wq))  # random |acc| ~ 2**21 here
+        assert_bitwise(run_int8_gemm(xq, xs, wq, ws, None, b, torch.bfloat16, w4=False, config=cfg), ref)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(no_tuning):
+    args = make_w8a8(4, 4096, 4096, device="cuda")
+    expected = torch.ops.qfuse.w8a8_gemm(*args, torch.bfloat16)  # eager call first: config chosen
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.qfuse.w8a8_gemm(*args, torch.bfloat16)
+    args[0].copy_(torch.randint(-128, 128, args[0].shape, dtype=torch.int8, device="cuda"))
+    graph.replay()
+    assert_bitwise(out, w8a8_gemm_ref(*args, torch.bfloat16))
+    assert not torch.equal(out, expected)
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_bad_input():
+    xq, xs, wq, ws, b = make_w8a8(4, 64, 128, device="cuda")
+    with pytest.raises(TypeError):
+        torch.ops.qfuse.w8a8_gemm(xq.float(), xs, wq, ws, b, torch.bfloat16)
+    with pytest.raises(ValueError):
+        torch.ops.qfuse.w8a8_gemm(xq, xs, wq[:, :64], ws, b, torch.bfloat16)
+    with pytest.raises(ValueError):
+        torch.ops.qfuse.w8a8_gemm(xq, xs[:2], wq, ws, b, torch.bfloat16)
