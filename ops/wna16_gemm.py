@@ -104,6 +104,18 @@ def wna16_gemm(
     return wna16_gemm_ref(x, qweight, scales, zeros, bias, bits, group_size)
 
 
+@wna16_gemm.register_kernel("cuda")
+def _wna16_gemm_cuda(x, qweight, scales, zeros, bias, bits, group_size):
+    """Triton kernels chosen by M bucket (ops/wna16_dispatch.py): GEMV / split-K tiled for
+    decode, tiled tensor-core GEMM for large M, dequant + cuBLAS only where measured faster."""
+    m, n, k = check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size)
+    if m == 0 or n == 0 or k == 0:
+        return wna16_gemm_ref(x, qweight, scales, zeros, bias, bits, group_size)
+    from .wna16_dispatch import wna16_gemm_triton
+
+    return wna16_gemm_triton(x, qweight, scales, zeros, bias, bits, group_size)
+
+
 @wna16_gemm.register_fake
 def _wna16_gemm_fake(x, qweight, scales, zeros, bias, bits, group_size):
     m, n, _ = check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size)

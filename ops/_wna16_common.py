@@ -1,0 +1,100 @@
+"""Triton pieces shared by the ``wna16_gemm`` kernels: code -> float conversion, the
+split-K reduction, and a standalone dequantize kernel (for the dequant + cuBLAS path).
+
+Codes become floats with the exponent trick instead of an int -> float convert:
+``bitcast_f32(u | 0x4B000000) == 2**23 + u`` exactly for ``0 <= u < 2**23``, so
+``bitcast_f32(u | 0x4B000000) - (2**23 + z) == float32(u - z)`` exactly. That is one
+integer OR (which ptxas merges with the nibble mask into one LOP3) and one FADD per code,
+where I2F runs at a quarter of the FP32 rate on Hopper and bounds a W4A16 GEMV.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+MAGIC = 8388608.0  # 2**23: float32 with exponent 23, so the low mantissa bits hold an integer
+
+
+@triton.jit
+def codes_minus_zero(u, zc):
+    """``float32(u - z)`` for int32 codes ``u`` in [0, 255]; ``zc`` = 2**23 + z (float32)."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - zc
+
+
+@triton.jit
+def mma(a, b, acc, DOT_F32: tl.constexpr):
+    """``acc + a @ b``. DOT_F32 (the CPU interpreter only, which multiplies bf16 dot operands
+    as their raw uint16 bits in triton 3.7): upcast the operands first, exactly."""
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def zero_plus_magic(z_ptr, offs, HAS_ZEROS: tl.constexpr, BITS: tl.constexpr):
+    """2**23 + z for the zero points at ``offs`` (uint8), or for the symmetric z = 2**(bits-1)."""
+    if HAS_ZEROS:
+        return tl.load(z_ptr + offs).to(tl.float32) + 8388608.0
+    else:
+        return tl.full(offs.shape, 8388608.0 + (1 << (BITS - 1)), tl.float32)
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, bias_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = dtype(sum_s ws[s, i] + bias[i % N]) over the flattened [M, N] output."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+
+def splitk_reduce(ws: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
+    """Sum the fp32 partials ``ws [SPLIT_K, M, N]`` (+ bias) into ``out [M, N]``."""
+    split_k, m, n = ws.shape
+    block = 1024
+    grid = (triton.cdiv(m * n, block),)
+    _splitk_reduce_kernel[grid](ws, bias if bias is not None else ws, out, m * n, n, SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _dequant_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, G, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """w[n, k] = dtype(float32(u - z) * float32(s)) for a [BLOCK_N, BLOCK_K] tile (bit-exact with the reference)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
+    if BITS == 4:
+        b = tl.load(qw_ptr + offs_n[:, None] * (K // 2) + offs_k[None, :] // 2, mask=mask, other=0).to(tl.int32)
+        u = (b >> ((offs_k[None, :] % 2) * 4)) & 15
+    else:
+        u = tl.load(qw_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0).to(tl.int32)
+    if GROUP > 0:
+        soffs = offs_n[:, None] * G + offs_k[None, :] // GROUP
+    else:  # per-channel: one scale per row
+        soffs = offs_n[:, None] * G + offs_k[None, :] * 0
+    s = tl.load(s_ptr + soffs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        zc = tl.load(z_ptr + soffs, mask=mask, other=0).to(tl.float32) + 8388608.0
+    else:
+        zc = 8388608.0 + (1 << (BITS - 1))
+    w = codes_minus_zero(u, zc) * s
+    tl.store(w_ptr + offs_n[:, None] * K + offs_k[None, :], w.to(w_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+
+def dequantize_triton(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bits: int, group_size: int, dtype: torch.dtype) -> Tensor:
+    """``w_hat`` as ``dtype [N, K]``: the reference dequantization, one Triton kernel."""
+    n = qweight.shape[0]
+    k = qweight.shape[1] * 8 // bits
+    w = torch.empty((n, k), dtype=dtype, device=qweight.device)
+    bn, bk = 32, 128
+    grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    _dequant_kernel[grid](qweight, scales, zeros if zeros is not None else qweight, w, n, k, scales.shape[1], BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+    return w

@@ -1,0 +1,116 @@
+"""Kernel-family choice and configs for ``wna16_gemm`` on CUDA, keyed by M bucket.
+
+A config is a dict whose ``"kernel"`` names the family:
+
+* ``"gemv"``  (M bucket <= 4): CUDA-core GEMV with split-K (ops/wna16_gemv.py);
+* ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
+* ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
+  cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
+
+:func:`pick_config` (ops/_autotune.py) looks up the key
+``(M bucket, N, K, group_size, dtype, bits)`` in the user cache, then in the shipped
+``ops/tuned/wna16_gemm.NVIDIA_H200.json``; otherwise it measures the candidates below once
+(never while a CUDA graph is captured: then the first candidate, the heuristic, runs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._autotune import m_bucket, pick_config
+
+OP = "wna16_gemm"
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":  # the interpreter (CPU tests): plan as for an H200
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def _split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
+    """Smallest power-of-two split that puts ~2 programs on every SM, keeping >= 4 K tiles each."""
+    split = 1
+    while tiles * split < 2 * sms and split < 16 and k // (2 * split * block_k) >= 4:
+        split *= 2
+    return split
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, exhaustive: bool = False) -> list[dict]:
+    """Configs to try for this problem, the heuristic choice first."""
+    mb = m_bucket(m)
+    gk = group_size if group_size > 0 else 256  # BLOCK_K never spans two groups
+    cands: list[dict] = []
+    if mb <= 4:
+        for bn in (16, 32) if not exhaustive else (8, 16, 32, 64):
+            bk = min(256, gk)
+            for split in sorted({1, _split_for(_cdiv(n, bn), k, bk, sms)} | ({2, 4} if exhaustive else set())):
+                cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4, "num_stages": 2})
+    if mb <= 64:
+        bm = max(16, min(64, mb))
+        for bn in (64, 128):
+            for bk in sorted({min(128, gk), min(256, gk)}):
+                split = _split_for(_cdiv(m, bm) * _cdiv(n, bn), k, bk, sms)
+                for sp in sorted({split, 1} | ({2 * split} if exhaustive else set())):
+                    for stages in (3, 4) if exhaustive else (3,):
+                        cands.append({"kernel": "tiled", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp,
+                                      "SCALE_AFTER_DOT": bm < bk, "GROUP_M": 8, "num_warps": 4, "num_stages": stages})
+    if mb >= 64:
+        big = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)]
+        if exhaustive:
+            big += [(64, 256, 64, 8, 4), (128, 256, 128, 8, 3), (128, 128, 64, 4, 4), (64, 128, 128, 4, 4)]
+        for bm, bn, bk, warps, stages in big:
+            if bm > 2 * mb:
+                continue
+            bk = min(bk, gk)
+            cands.append({"kernel": "tiled", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1,
+                          "SCALE_AFTER_DOT": False, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
+    if mb >= 128:
+        cands.append({"kernel": "dequant_mm"})
+    if mb <= 4:  # at M = 1 the GEMV is the measured default; at M = 2..4 the tiled split-K one
+        cands.sort(key=lambda c: c["kernel"] != ("gemv" if mb == 1 else "tiled"))
+    return cands
+
+
+def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
+    """Run ``wna16_gemm`` with one config (arguments already checked)."""
+    kind = cfg["kernel"]
+    if kind == "gemv":
+        from .wna16_gemv import wna16_gemv
+
+        return wna16_gemv(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+    if kind == "tiled":
+        from .wna16_tiled import wna16_tiled
+
+        return wna16_tiled(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+    if kind == "dequant_mm":
+        from ._wna16_common import dequantize_triton
+
+        w_hat = dequantize_triton(qweight, scales, zeros, bits, group_size, x.dtype)
+        if bias is not None:
+            return torch.addmm(bias, x, w_hat.t())
+        return torch.mm(x, w_hat.t())
+    raise ValueError(f"qfuse.{OP}: unknown kernel family {kind!r} in config {cfg}")
+
+
+def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:
+    return (m_bucket(m), n, k, group_size, str(dtype).removeprefix("torch."), bits)
+
+
+def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
+    """Pick the config for this shape (cache / shipped defaults / one measurement) and run it."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    cands = candidate_configs(m, n, k, bits, group_size, _sm_count(x.device))
+    cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
+                      lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
+    return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

@@ -1,0 +1,120 @@
+"""CUDA-core GEMV kernel for ``wna16_gemm`` at decode M (1 to a few rows), with split-K.
+
+One program owns one activation row ``m``, ``BLOCK_N`` weight rows and a ``1 / SPLIT_K``
+slice of K. Programs of consecutive ``m`` read the same weight tile back to back, so for
+M > 1 the tile comes from L2 after the first row. Per K tile::
+
+    w        = float32(u - z[n, g]) * float32(s[n, g])       (exponent trick, no I2F)
+    acc2d   += w * x[m, k-tile]                              ([BLOCK_N, BLOCK_K] partial sums)
+
+and ``tl.sum(acc2d, axis=1)`` once after the loop, so the cross-lane reduction is paid
+once per program, not per tile. The weight is used in float32 (not rounded to the
+activation dtype first): one rounding of the weight away from the reference, in the tests'
+tolerance. Split-K partials go through the same deterministic reduction as the tiled kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._wna16_common import codes_minus_zero, splitk_reduce, zero_plus_magic
+from .wna16_tiled import split_k_slices
+
+
+@triton.jit
+def _wna16_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    M, N, K, KB, G, stride_xm, K_PER_SPLIT,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = pid % M
+    pid_n = pid // M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = offs_n % N
+    k_start = pid_k * K_PER_SPLIT
+    x_row = x_ptr + m * stride_xm
+    # 4-bit: a tile is BLOCK_K // 2 bytes per weight row; both nibbles accumulate into one acc2d
+    WIDTH: tl.constexpr = BLOCK_K // 2 if BITS == 4 else BLOCK_K
+    offs_j = tl.arange(0, WIDTH)
+
+    if GROUP == -1:
+        zc = zero_plus_magic(z_ptr, rn * G, HAS_ZEROS, BITS)
+    acc = tl.zeros((BLOCK_N, WIDTH), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+        k0 = k_start + kt * BLOCK_K
+        if GROUP != -1:
+            g = tl.minimum(k0 // GROUP, G - 1)
+            zc = zero_plus_magic(z_ptr, rn * G + g, HAS_ZEROS, BITS)
+            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+        if BITS == 4:
+            w_ptrs = qw_ptr + rn[:, None] * KB + (k0 // 2 + offs_j)[None, :]
+            if EVEN_K:
+                xe = tl.load(x_row + k0 + 2 * offs_j, eviction_policy="evict_last").to(tl.float32)
+                xo = tl.load(x_row + k0 + 2 * offs_j + 1, eviction_policy="evict_last").to(tl.float32)
+                b = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.int32)
+            else:
+                kmask = (k0 + 2 * offs_j) < K
+                xe = tl.load(x_row + k0 + 2 * offs_j, mask=kmask, other=0.0).to(tl.float32)
+                xo = tl.load(x_row + k0 + 2 * offs_j + 1, mask=kmask, other=0.0).to(tl.float32)
+                b = tl.load(w_ptrs, mask=kmask[None, :], other=0).to(tl.int32)
+            lo = codes_minus_zero(b & 15, zc[:, None])
+            hi = codes_minus_zero(b >> 4, zc[:, None])
+            if GROUP != -1:  # scale the pair sum: one multiply per byte instead of one per code
+                acc += (lo * xe[None, :] + hi * xo[None, :]) * s[:, None]
+            else:
+                acc += lo * xe[None, :] + hi * xo[None, :]
+        else:
+            offs_k = k0 + offs_j
+            w_ptrs = qw_ptr + rn[:, None] * KB + offs_k[None, :]
+            if EVEN_K:
+                xt = tl.load(x_row + offs_k, eviction_policy="evict_last").to(tl.float32)
+                u = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.int32)
+            else:
+                xt = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+                u = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0).to(tl.int32)
+            w = codes_minus_zero(u, zc[:, None])
+            if GROUP != -1:
+                acc += w * xt[None, :] * s[:, None]
+            else:
+                acc += w * xt[None, :]
+
+    res = tl.sum(acc, axis=1)
+    if GROUP == -1:
+        res = res * tl.load(s_ptr + rn * G).to(tl.float32)
+    mask = offs_n < N
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + rn).to(tl.float32)
+        tl.store(out_ptr + m * N + offs_n, res.to(x_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + m * N + offs_n, res, mask=mask)
+
+
+def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+    """Launch the GEMV kernel with config ``cfg`` (arguments already checked)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
+    split_k = cfg.get("SPLIT_K", 1)
+    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    grid = (m * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    _wna16_gemv_kernel[grid](
+        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
+        BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+        SPLIT_K=split_k, EVEN_K=even_k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+    )  # fmt: skip
+    if split_k > 1:
+        splitk_reduce(ws, bias, out)
+    return out

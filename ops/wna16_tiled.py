@@ -1,0 +1,155 @@
+"""Tiled tensor-core kernel for ``wna16_gemm`` (any M; split-K for skinny M).
+
+One program computes a ``[BLOCK_M, BLOCK_N]`` output tile over a ``1 / SPLIT_K`` slice of K::
+
+    for each K tile (BLOCK_K <= group_size, so a tile lies in one group):
+        u      = codes of W[n-tile, k-tile]                     (uint8 bytes, unpacked in registers)
+        w      = dtype( float32(u - z[n, g]) * float32(s[n, g]) )  (bit-exact with the reference)
+        acc   += x[m-tile, k-tile] @ w.T                          (tl.dot, float32 accumulator)
+
+4-bit codes are used without reordering: a byte holds k = 2j (low nibble) and k = 2j + 1
+(high nibble), so the tile is two dots, ``x[:, 0::2] @ lo.T + x[:, 1::2] @ hi.T``, over
+``BLOCK_K / 2`` bytes; the two strided activation loads hit the same sectors.
+
+Variants chosen by config (the math stays the one of ``wna16_gemm``):
+
+* per-channel scales (``GROUP == -1``): ``u - z`` is an exact small integer in bf16/fp16,
+  so the dot runs on it and the scale multiplies the accumulator once, after the loop;
+* ``SCALE_AFTER_DOT`` (grouped): the dot runs on exact ``u - z`` and each K tile's partial
+  product is scaled, ``acc += (x @ (u - z).T) * s``: ``BLOCK_M * BLOCK_N`` multiplies per
+  tile instead of ``BLOCK_K * BLOCK_N``, cheaper when BLOCK_M < BLOCK_K (decode). Both skip
+  the weight's rounding to the activation dtype: tolerance in the tests;
+* ``SPLIT_K > 1``: each slice writes float32 partials to ``ws [SPLIT_K, M, N]`` and
+  :func:`splitk_reduce` adds them (and the bias) in a fixed order: deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._wna16_common import codes_minus_zero, mma, splitk_reduce, zero_plus_magic
+
+
+@triton.jit
+def _wna16_tiled_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    M, N, K, KB, G, stride_xm, K_PER_SPLIT,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):  # fmt: skip
+    # grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = offs_m % M  # wrapped rows/cols load valid memory; the store is masked
+    rn = offs_n % N
+    dtype = x_ptr.dtype.element_ty
+    k_start = pid_k * K_PER_SPLIT
+
+    if GROUP == -1:  # per-channel: zero point and scale are per row, outside the loop
+        zc = zero_plus_magic(z_ptr, rn * G, HAS_ZEROS, BITS)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+        k0 = k_start + kt * BLOCK_K
+        if GROUP != -1:
+            g = tl.minimum(k0 // GROUP, G - 1)  # clamp: masked tail tiles past K
+            zc = zero_plus_magic(z_ptr, rn * G + g, HAS_ZEROS, BITS)
+            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+        if BITS == 4:
+            offs_j = tl.arange(0, BLOCK_K // 2)
+            x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + 2 * offs_j)[None, :]
+            w_ptrs = qw_ptr + rn[None, :] * KB + (k0 // 2 + offs_j)[:, None]
+            if EVEN_K:
+                xe = tl.load(x_ptrs, eviction_policy="evict_last")
+                xo = tl.load(x_ptrs + 1, eviction_policy="evict_last")
+                b = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.int32)
+            else:
+                kmask = (k0 + 2 * offs_j) < K
+                xe = tl.load(x_ptrs, mask=kmask[None, :], other=0.0)
+                xo = tl.load(x_ptrs + 1, mask=kmask[None, :], other=0.0)
+                b = tl.load(w_ptrs, mask=kmask[:, None], other=0).to(tl.int32)
+            lo = codes_minus_zero(b & 15, zc[None, :])
+            hi = codes_minus_zero(b >> 4, zc[None, :])
+            if GROUP != -1 and not SCALE_AFTER_DOT:
+                lo = lo * s[None, :]
+                hi = hi * s[None, :]
+            if GROUP != -1 and SCALE_AFTER_DOT:
+                part = mma(xe, lo.to(dtype), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32)
+                part = mma(xo, hi.to(dtype), part, DOT_F32)
+                acc += part * s[None, :]
+            else:
+                acc = mma(xe, lo.to(dtype), acc, DOT_F32)
+                acc = mma(xo, hi.to(dtype), acc, DOT_F32)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
+            w_ptrs = qw_ptr + rn[None, :] * KB + offs_k[:, None]
+            if EVEN_K:
+                xt = tl.load(x_ptrs, eviction_policy="evict_last")
+                u = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.int32)
+            else:
+                xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+                u = tl.load(w_ptrs, mask=(offs_k < K)[:, None], other=0).to(tl.int32)
+            w = codes_minus_zero(u, zc[None, :])
+            if GROUP != -1 and not SCALE_AFTER_DOT:
+                w = w * s[None, :]
+            if GROUP != -1 and SCALE_AFTER_DOT:
+                acc += mma(xt, w.to(dtype), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32) * s[None, :]
+            else:
+                acc = mma(xt, w.to(dtype), acc, DOT_F32)
+
+    if GROUP == -1:
+        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+def split_k_slices(k: int, block_k: int, split_k: int) -> tuple[int, bool]:
+    """(K per split, rounded to BLOCK_K; whether every split is whole tiles with no K mask)."""
+    if k % (block_k * split_k) == 0:
+        return k // split_k, True
+    return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k, False
+
+
+def wna16_tiled(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+    """Launch the tiled kernel with config ``cfg`` (arguments already checked)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
+    split_k = cfg.get("SPLIT_K", 1)
+    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    _wna16_tiled_kernel[grid](
+        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
+        BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+        SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
+    if split_k > 1:
+        splitk_reduce(ws, bias, out)
+    return out

@@ -1,0 +1,241 @@
+"""The Triton kernels of ``qfuse::wna16_gemm`` against its reference kernel.
+
+CPU (CI): the launchers run under the Triton interpreter on small shapes, one config each.
+GPU (``pytest -m gpu``): the issue's grid through the registered CUDA kernel, every
+candidate config of every family, and CUDA-graph capture. Shard the grid over processes
+with ``QFUSE_GPU_SHARD=i/n`` (compilation dominates a fresh machine; see BENCHMARKS.md).
+
+Tolerance for float outputs: ``|out - ref| <= 2 * eps(dtype) * max|ref|``. Why: the kernels
+differ from the reference only by float32 summation order (split-K, tiles) and, in the
+scale-after-dot / per-channel / GEMV variants, by skipping the weight's one rounding to the
+activation dtype (relative 2**-9 per term, random signs, so ~2**-9 of the output's RMS);
+both are far below one output ulp at the output's largest magnitude (eps * max|ref|).
+Dequantized weights (the dequant + cuBLAS path) are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from qfuse.ops._wna16_common import dequantize_triton, splitk_reduce
+from qfuse.ops.wna16_dispatch import candidate_configs, run_config
+from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
+from qfuse.ops.wna16_gemv import wna16_gemv
+from qfuse.ops.wna16_tiled import wna16_tiled
+
+
+def make_problem(m, n, k, bits, group_size, dtype, asym, bias, device="cpu", scale=0.02):
+    """Random codes (full range), scales, zero points, activations, bias: never zeros."""
+    groups = 1 if group_size == -1 else k // group_size
+    codes = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8, device=device)
+    qweight = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes
+    scales = (torch.rand(n, groups, device=device) * scale + scale / 4).to(dtype)
+    zeros = torch.randint(0, 2**bits, (n, groups), dtype=torch.uint8, device=device) if asym else None
+    x = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(n, device=device).to(dtype) if bias else None
+    return x, qweight, scales, zeros, b
+
+
+def assert_close_to_ref(out, x, qweight, scales, zeros, bias, bits, group_size):
+    ref = wna16_gemm_ref(x, qweight, scales, zeros, bias, bits, group_size)
+    assert out.shape == ref.shape and out.dtype == ref.dtype and out.is_contiguous()
+    assert ref.abs().max() > 0
+    tol = 2 * torch.finfo(x.dtype).eps * ref.float().abs().max().item()
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol, f"max error {err:.3g} > tolerance {tol:.3g}"
+
+
+# ---------------------------------------------------------------- CPU: Triton interpreter
+
+TILED_CFGS = [
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "SCALE_AFTER_DOT": False},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 3, "SCALE_AFTER_DOT": True},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "SCALE_AFTER_DOT": False, "GROUP_M": 2},
+]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 32, 64])
+@pytest.mark.parametrize("cfg", range(len(TILED_CFGS)))
+def test_tiled_kernel_interpreter(bits, group_size, cfg):
+    # alternate dtype / zero points / bias over the grid so each appears with every bits x group
+    i = (bits // 4) + 2 * cfg + (group_size > 0)
+    dtype = (torch.bfloat16, torch.float16)[i % 2]
+    x, qw, s, z, b = make_problem(7, 40, 128, bits, group_size, dtype, asym=cfg != 1, bias=i % 3 != 0)
+    out = wna16_tiled(x, qw, s, z, b, bits, group_size, TILED_CFGS[cfg])
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m,k", [(33, 96), (2, 200)])  # K not a multiple of BLOCK_K (per-channel)
+def test_tiled_kernel_odd_k_and_m(bits, m, k):
+    x, qw, s, z, b = make_problem(m, 24, k, bits, -1, torch.bfloat16, asym=True, bias=True)
+    out = wna16_tiled(x, qw, s, z, b, bits, -1, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, bits, -1)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 32])
+@pytest.mark.parametrize("m,split_k", [(1, 1), (2, 2), (3, 3)])
+def test_gemv_kernel_interpreter(bits, group_size, m, split_k):
+    dtype = torch.float16 if split_k == 2 else torch.bfloat16
+    x, qw, s, z, b = make_problem(m, 48, 192, bits, group_size, dtype, asym=m != 2, bias=m != 3)
+    out = wna16_gemv(x, qw, s, z, b, bits, group_size, {"BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": split_k})
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+def test_gemv_kernel_odd_k():
+    x, qw, s, z, b = make_problem(1, 20, 90, 4, -1, torch.bfloat16, asym=True, bias=False)
+    out = wna16_gemv(x, qw, s, z, b, 4, -1, {"BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
+
+
+def _check_dequant(bits, group_size, asym, dtype, device):
+    _, qw, s, z, _ = make_problem(1, 40, 192, bits, group_size, dtype, asym=asym, bias=False, scale=3.0, device=device)
+    got = dequantize_triton(qw, s, z, bits, group_size, dtype)
+    want = dequantize_wna16(qw, s, z, bits, group_size).to(dtype)
+    if dtype == torch.bfloat16 and device == "cpu":
+        # the interpreter rounds float32 -> bf16 half-up (not half-to-even): 1 ulp; bit-exact on the GPU
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
+    else:
+        assert torch.equal(got, want)
+
+
+DEQUANT_CASES = [(4, 32, True), (4, -1, False), (8, 64, True), (8, -1, False)]
+
+
+@pytest.mark.parametrize("bits,group_size,asym", DEQUANT_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequant_kernel_bit_exact(bits, group_size, asym, dtype):
+    _check_dequant(bits, group_size, asym, dtype, "cpu")
+
+
+def test_splitk_reduce_is_ordered_sum_plus_bias():
+    ws = torch.randn(3, 5, 70)
+    bias = torch.randn(70).to(torch.float16)  # fp16: the interpreter's bf16 rounding is not RTNE
+    out = splitk_reduce(ws, bias, torch.empty(5, 70, dtype=torch.float16))
+    assert torch.equal(out, (((ws[0] + ws[1]) + ws[2]) + bias.float()).to(torch.float16))
+
+
+def test_tolerance_catches_a_nibble_swap():
+    """The check above can fail: swapping the nibble order (a layout bug) is caught."""
+    x, qw, s, z, b = make_problem(2, 32, 64, 4, 32, torch.bfloat16, asym=True, bias=False)
+    swapped = ((qw >> 4) | (qw << 4)).contiguous()
+    out = wna16_tiled(x, swapped, s, z, b, 4, 32, TILED_CFGS[0])
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(out, x, qw, s, z, b, 4, 32)
+
+
+@pytest.mark.parametrize("m", [1, 2, 16, 64, 200])
+def test_candidate_families_by_m_bucket(m):
+    cands = candidate_configs(m, 4096, 4096, 4, 128)
+    kinds = {c["kernel"] for c in cands}
+    assert ("gemv" in kinds) == (m <= 4)
+    assert ("dequant_mm" in kinds) == (m >= 128)
+    assert cands[0]["kernel"] == ("gemv" if m == 1 else "tiled")
+    assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
+
+
+@pytest.mark.parametrize("m", [1, 3, 130])
+def test_every_candidate_family_runs(m):
+    """One config of each family the dispatcher offers at this M, through run_config."""
+    x, qw, s, z, b = make_problem(m, 32, 64, 4, 32, torch.bfloat16, asym=True, bias=True)
+    seen = set()
+    for cfg in candidate_configs(m, 32, 64, 4, 32):
+        if cfg["kernel"] in seen:
+            continue
+        seen.add(cfg["kernel"])
+        cfg = {**cfg, "BLOCK_N": 32, "BLOCK_M": min(cfg.get("BLOCK_M", 16), 32), "SPLIT_K": 1} if cfg["kernel"] != "dequant_mm" else cfg
+        assert_close_to_ref(run_config(cfg, x, qw, s, z, b, 4, 32), x, qw, s, z, b, 4, 32)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_cuda_entry_point_end_to_end(m):
+    """The function registered for CUDA, run on CPU tensors: dispatch + heuristic config."""
+    x, qw, s, z, b = make_problem(m, 32, 64, 4, 32, torch.float16, asym=True, bias=True)
+    assert_close_to_ref(_wna16_gemm_cuda(x, qw, s, z, b, 4, 32), x, qw, s, z, b, 4, 32)
+
+
+def test_cuda_entry_point_checks_before_any_kernel():
+    x, qw, s, z, b = make_problem(2, 32, 64, 4, 32, torch.bfloat16, asym=True, bias=False)
+    with pytest.raises(ValueError):
+        _wna16_gemm_cuda(x, qw[:, :-1].contiguous(), s, z, b, 4, 32)  # wrong packed width
+    with pytest.raises(TypeError):
+        _wna16_gemm_cuda(x, qw, s.float(), z, b, 4, 32)  # scales not in x.dtype
+    with pytest.raises(ValueError):
+        _wna16_gemm_cuda(x, qw, s, z, b, 4, 48)  # unsupported group size
+
+
+# ---------------------------------------------------------------- GPU: the issue's grid
+
+GRID_M = (1, 2, 7, 16, 33, 64, 128, 512, 2048)
+GRID_SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (4000, 4096), (1000, 2944))
+GRID_QUANT = ((4, -1), (4, 32), (4, 64), (4, 128), (8, -1), (8, 32), (8, 64), (8, 128))
+
+
+def _grid_cases():
+    cases = []
+    for si, (n, k) in enumerate(GRID_SHAPES):
+        for qi, (bits, g) in enumerate(GRID_QUANT):
+            for mi, m in enumerate(GRID_M):
+                i = si + qi + mi  # cycles dtype, zero points and bias so every pair of them meets every (bits, group)
+                cases.append((n, k, bits, g, m, ("bfloat16", "float16")[i % 2], (i // 2) % 2 == 0, (i // 4) % 2 == 0))
+    shard = os.environ.get("QFUSE_GPU_SHARD")
+    if shard:
+        idx, count = (int(v) for v in shard.split("/"))
+        cases = cases[idx::count]
+    return cases
+
+
+_WEIGHTS: dict = {}
+
+
+def _gpu_problem(n, k, bits, g, m, dtype, asym, bias):
+    key = (n, k, bits, g, dtype, asym)
+    if key not in _WEIGHTS:  # weights are the slow part; reuse them across M
+        _WEIGHTS.clear()
+        _WEIGHTS[key] = make_problem(1, n, k, bits, g, dtype, asym, True, device="cuda")[1:]
+    qw, s, z, b = _WEIGHTS[key]
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    return x, qw, s, z, b if bias else None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,bits,group_size,m,dtype,asym,bias", _grid_cases())
+def test_gpu_grid(n, k, bits, group_size, m, dtype, asym, bias):
+    x, qw, s, z, b = _gpu_problem(n, k, bits, group_size, m, getattr(torch, dtype), asym, bias)
+    out = torch.ops.qfuse.wna16_gemm(x, qw, s, z, b, bits, group_size)
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group_size", [(4, 128), (4, -1), (8, -1), (8, 32)])
+@pytest.mark.parametrize("m", [1, 3, 16, 128])
+def test_gpu_every_candidate(bits, group_size, m):
+    x, qw, s, z, b = make_problem(m, 4096, 4096, bits, group_size, torch.bfloat16, True, True, device="cuda")
+    for cfg in candidate_configs(m, 4096, 4096, bits, group_size):
+        assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, group_size), x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group_size,asym", DEQUANT_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_dequant_kernel_bit_exact(bits, group_size, asym, dtype):
+    _check_dequant(bits, group_size, asym, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 512])
+def test_gpu_cuda_graph_capture(m):
+    x, qw, s, z, b = make_problem(m, 4096, 4096, 4, 128, torch.bfloat16, False, True, device="cuda")
+    eager = torch.ops.qfuse.wna16_gemm(x, qw, s, z, b, 4, 128)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.qfuse.wna16_gemm(x, qw, s, z, b, 4, 128)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert_close_to_ref(out, x, qw, s, z, b, 4, 128)
+    assert not torch.equal(out, eager)
