@@ -23,7 +23,7 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   and ``join + reshape`` interleaves them back to ``k = 2j, 2j + 1``. With group 128 the
   tile's K range lies in one group (BLOCK_K divides 128), so the second-level scale is a
   ``[BLOCK_N]`` int8 vector: ``w_int = q * gs`` is exact in int8 (|q * gs| <= 128).
-* **Split-K** (SPLIT_K > 1, for decode shapes with too few output tiles for 132 SMs):
+* **Split-K** (SPLIT_K > 1 in the config, for decode shapes with too few output tiles for 132 SMs):
   each split adds its exact int32 partial into a zeroed int32 workspace with
   ``atomic_add``; the program that bumps the tile's counter last reads the complete
   int32 sum and runs the float epilogue. Integer addition is associative, so the
@@ -48,8 +48,10 @@ def _int8_gemm_kernel(
     W4: tl.constexpr, GROUPED: tl.constexpr,
     X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
 ):
+    # SPLIT (constexpr) says whether K is split; how many ways is the grid's second axis,
+    # so split counts share one compiled kernel.
     # ---- tile order: GROUP_N weight-row tiles x all token tiles run together (L2 reuse)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -70,7 +72,8 @@ def _int8_gemm_kernel(
 
     # ---- this split's range of K tiles
     k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    split_k = tl.num_programs(1)
+    tiles_per_split = tl.cdiv(k_tiles, split_k)
     k_begin = pid_k * tiles_per_split * BLOCK_K
     k_end = tl.minimum(k_begin + tiles_per_split * BLOCK_K, K)
 
@@ -112,14 +115,14 @@ def _int8_gemm_kernel(
         x_ptrs += BLOCK_K
 
     mask = mask_n[:, None] & mask_m[None, :]
-    if SPLIT_K > 1:
+    if SPLIT:
         # exact int32 reduction of the partials; the last program of the tile finishes it
         tile = pid_m * num_pid_n + pid_n
         ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
         tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
         tl.debug_barrier()  # every thread's partial is issued before the counter moves
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
+        if arrived == split_k - 1:
             acc = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")  # L2, not a stale L1 line
             _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
                       X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
@@ -185,27 +188,25 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list
     """Configs to try for one problem, heuristic choice first (used when tuning is off).
 
     Token tile BLOCK_M by M; weight tile BLOCK_N x BLOCK_K sized for wgmma (64/128 rows);
-    BLOCK_K <= 128 with group 128 so one tile reads one group's scales.
+    BLOCK_K <= 128 with group 128 so one tile reads one group's scales. The split count
+    is a launch-grid size, not a compile-time constant, so split variants cost no compile.
     """
     kmax = 128 if group_size == 128 else 256
     if m <= 16:
-        shapes = [(16, 64, kmax, 4, 6), (16, 128, kmax, 4, 4), (16, 64, 128, 4, 8), (16, 128, 128, 4, 6)]
         out = []
-        for bm, bn, bk, w, s in shapes:
+        for bm, bn, bk, w, s in ((16, 64, kmax, 4, 6), (16, 128, kmax, 4, 4), (16, 64, 128, 4, 8)):
             base = _split_for(m, n, k, bm, bn, bk, sms)
-            for sk in dict.fromkeys((base, max(1, base // 2))):
+            for sk in dict.fromkeys((base, max(1, base // 2), min(16, base * 2))):
                 out.append(_config(bm, bn, bk, sk, w, s))
-        return out
+        return list({str(c): c for c in out}.values())
     if m <= 64:
         bm = 32 if m <= 32 else 64
         return [_config(bm, 128, 128, _split_for(m, n, k, bm, 128, 128, sms), 4, 4),
                 _config(bm, 64, kmax, _split_for(m, n, k, bm, 64, kmax, sms), 4, 5),
-                _config(bm, 128, 128, 1, 4, 4), _config(bm, 128, kmax, 1, 4, 4)]
+                _config(bm, 128, 128, 1, 4, 4)]
     if m <= 512:
-        return [_config(64, 128, 128, 1, 4, 4), _config(128, 128, 128, 1, 8, 4),
-                _config(128, 128, 128, 1, 4, 3), _config(64, 128, 128, _split_for(m, n, k, 64, 128, 128, sms), 4, 4)]
-    return [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4),
-            _config(128, 256, 128, 1, 8, 3), _config(128, 128, 128, 1, 4, 4)]
+        return [_config(64, 128, 128, 1, 4, 4), _config(128, 128, 128, 1, 8, 4), _config(128, 128, 128, 1, 4, 3)]
+    return [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4), _config(128, 256, 128, 1, 8, 3)]
 
 
 _SMS: dict = {}
@@ -251,7 +252,7 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
         W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
         HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_N=group_n,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, GROUP_N=group_n,
         EVEN_K=k % bk == 0,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )

@@ -1,0 +1,181 @@
+"""``qfuse bench int8_gemm``: W8A8 and W4A8 GEMMs against their peers, side by side.
+
+Per (N x K shape, M), medians in microseconds, all in one run:
+
+* ``bf16_us``: ``torch.matmul(x, w.t())``, bf16 cuBLAS (nn.Linear layout);
+* ``int_mm_us``: ``torch._int_mm(xq, wq.t())`` in its fast layout (weight stored [N, K],
+  M padded to >= 17) followed by the plain-torch scale epilogue (the op's reference);
+* ``w8a8_us``, ``w4a8_pc_us``, ``w4a8_g128_us``: ``qfuse::w8a8_gemm`` (per-token x
+  per-channel) and ``qfuse::w4a8_gemm`` per-channel and group 128, bf16 out;
+* ``gemlite_a8w8_us``, ``gemlite_a8w4_us``: gemlite's ``A8W8_int8_dynamic`` and
+  ``A8W4_HQQ_INT_dynamic`` (per-channel; fp8 activations), if gemlite imports. Their
+  figures include gemlite's own dynamic activation quantization; ours start from int8;
+* ``floor_w8a8_us``, ``floor_w4a8_us``: bytes moved / measured copy bandwidth;
+* ``*_eager_us``: one eager call, Python launch overhead included.
+
+Kernel times are CUDA-graph replays over enough weight copies to stream > 3x L2 per
+replay (qfuse/bench/timing.py), so weights come from HBM as in a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_graph, write_csv
+
+SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
+MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
+
+
+def _gemlite_layers(n, k, dev):
+    """gemlite's A8W8 and A8W4 layers for one shape, or (None, None, reason)."""
+    try:
+        import gemlite
+        from gemlite.helper import A8W4_HQQ_INT_dynamic, A8W8_int8_dynamic
+    except Exception as e:  # noqa: BLE001 - gemlite is an optional peer
+        return None, None, f"gemlite unavailable: {e!r}"
+    cfg = Path(gemlite.__file__).with_name("configs") / "h100.json"  # no H200 file ships; H100 is the same SM
+    if cfg.is_file() and not getattr(_gemlite_layers, "loaded", False):
+        gemlite.load_config(str(cfg))
+        _gemlite_layers.loaded = True
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+    a8w8 = A8W8_int8_dynamic(device=dev, dtype=torch.bfloat16).from_weights(w)
+    wq = torch.randint(0, 16, (n, k), dtype=torch.uint8, device=dev)
+    scales = torch.rand(n, 1, device=dev, dtype=torch.bfloat16) / 64
+    zeros = torch.full((n, 1), 8.0, device=dev, dtype=torch.bfloat16)
+    a8w4 = A8W4_HQQ_INT_dynamic(device=dev, dtype=torch.bfloat16).from_weights(wq, scales, zeros)
+    return a8w8, a8w4, ""
+
+
+def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, eager=True):
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    ops = torch.ops.qfuse
+    from qfuse.ops.int4_packing import pack_int4
+    from qfuse.ops.w8a8_gemm import scale_epilogue
+
+    n_bf16 = copies_for(2 * n * k)
+    n_i8 = copies_for(n * k)
+    n_i4 = copies_for(n * k // 2)
+    w_bf16 = [torch.randn(n, k, device=dev, dtype=dt) / k**0.5 for _ in range(n_bf16)]
+    wq = [torch.randint(-128, 128, (n, k), dtype=torch.int8, device=dev) for _ in range(n_i8)]
+    qw = [pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8, device=dev)) for _ in range(n_i4)]
+    gs = [torch.randint(1, 17, (n, k // 128), dtype=torch.int8, device=dev) for _ in range(n_i4)]
+    ws = torch.rand(n, device=dev) / 512 + 1e-4
+    gl8, gl4, why = (None, None, "not asked")
+    if gemlite_ms:
+        try:
+            gl8, gl4, why = _gemlite_layers(n, k, dev)
+        except Exception as e:  # noqa: BLE001
+            why = f"gemlite setup failed: {e!r}"
+        if why:
+            log(f"  {why}")
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        xq = torch.randint(-128, 128, (m, k), dtype=torch.int8, device=dev)
+        xs = torch.rand(m, 1, device=dev) / 64 + 1e-4
+        xq_pad = torch.cat([xq, xq.new_zeros(max(0, 17 - m), k)]) if m < 17 else xq
+
+        def int_mm(w):
+            return scale_epilogue(torch._int_mm(xq_pad, w.t())[:m], xs, ws, None, dt)
+
+        calls = {
+            "bf16": [lambda w=w: torch.matmul(x, w.t()) for w in w_bf16],
+            "int_mm": [lambda w=w: int_mm(w) for w in wq],
+            "w8a8": [lambda w=w: ops.w8a8_gemm(xq, xs, w, ws, None, dt) for w in wq],
+            "w4a8_pc": [lambda w=w: ops.w4a8_gemm(xq, xs, w, ws, None, None, -1, dt) for w in qw],
+            "w4a8_g128": [lambda w=w, g=g: ops.w4a8_gemm(xq, xs, w, ws, g, None, 128, dt) for w, g in zip(qw, gs)],
+        }
+        if m in gemlite_ms and gemlite_budget["left"] > 0:
+            if gl8 is not None:
+                calls["gemlite_a8w8"] = [lambda: gl8(x)]
+            if gl4 is not None:
+                calls["gemlite_a8w4"] = [lambda: gl4(x)]
+        row = {"shape": f"{n}x{k}", "N": n, "K": k, "M": m}
+        for name, cs in calls.items():
+            t0 = time.time()
+            try:
+                cs[0]()  # compile / autotune outside the graph
+                torch.cuda.synchronize()
+                row[f"{name}_us"] = round(time_graph(cs), 2)
+            except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
+                log(f"  {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
+            if name.startswith("gemlite"):  # its first call per M autotunes: cap the total
+                gemlite_budget["left"] -= time.time() - t0
+        if eager:
+            for name in ("w8a8", "w4a8_pc"):
+                row[f"{name}_eager_us"] = round(time_eager(calls[name][0]), 1)
+        act_out = m * k + 4 * m + 2 * m * n  # int8 activations, fp32 token scales, bf16 output
+        row["floor_w8a8_us"] = round((n * k + 4 * n + act_out) / bw * 1e6, 2)
+        row["floor_w4a8_us"] = round((n * k // 2 + 4 * n + n * k // 128 + act_out) / bw * 1e6, 2)
+        b = row.get("bf16_us")
+        for name in ("int_mm", "w8a8", "w4a8_pc", "w4a8_g128", "gemlite_a8w8", "gemlite_a8w4"):
+            if b and row.get(f"{name}_us"):
+                row[f"{name}_x_bf16"] = round(b / row[f"{name}_us"], 3)
+        if row.get("int_mm_us") and row.get("w8a8_us"):
+            row["w8a8_x_int_mm"] = round(row["int_mm_us"] / row["w8a8_us"], 3)
+        if row.get("w4a8_pc_us") and row.get("w4a8_g128_us"):
+            row["g128_over_pc"] = round(row["w4a8_pc_us"] / row["w4a8_g128_us"], 3)
+        log("  " + "  ".join(f"{k_}={v}" for k_, v in row.items() if k_ not in ("N", "K", "shape")))
+        rows.append(row)
+        del calls
+    return rows
+
+
+def markdown_table(rows) -> str:
+    cols = [("shape", "N x K"), ("M", "M"), ("bf16_us", "bf16 us"), ("int_mm_us", "_int_mm+epi us"),
+            ("w8a8_us", "w8a8 us"), ("w8a8_x_bf16", "w8a8 x bf16"), ("w8a8_x_int_mm", "w8a8 x _int_mm"),
+            ("w4a8_pc_us", "w4a8 pc us"), ("w4a8_pc_x_bf16", "w4a8 pc x bf16"), ("w4a8_g128_us", "w4a8 g128 us"),
+            ("g128_over_pc", "g128/pc"), ("gemlite_a8w8_us", "gemlite a8w8 us"), ("gemlite_a8w4_us", "gemlite a8w4 us"),
+            ("floor_w8a8_us", "floor w8a8 us"), ("floor_w4a8_us", "floor w4a8 us"), ("w8a8_eager_us", "w8a8 eager us")]
+    lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c, _ in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="qfuse bench int8_gemm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--m", type=int, nargs="+", default=MS, help="token counts")
+    p.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="N x K shapes")
+    p.add_argument("--out", type=Path, default=Path("bench_results/int8_gemm"), help="folder for CSV, PNG, table")
+    p.add_argument("--gemlite-m", type=int, nargs="*", default=[1, 16, 4096], help="M values to time gemlite at (empty: none)")
+    p.add_argument("--gemlite-budget-s", type=float, default=90.0, help="stop adding gemlite points after this long")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("qfuse bench int8_gemm needs a CUDA device", file=sys.stderr)
+        return 1
+    import triton
+
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    bw = copy_bandwidth()
+    gpu = torch.cuda.get_device_name()
+    log(f"{gpu}  torch {torch.__version__}  triton {triton.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s")
+    budget = {"left": args.gemlite_budget_s}
+    rows = []
+    for shape in args.shapes:
+        n, k = (int(v) for v in shape.lower().split("x"))
+        log(f"{n}x{k}")
+        rows += bench_shape(n, k, args.m, bw, set(args.gemlite_m), budget, log, eager=not args.no_eager)
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.out / "int8_gemm.csv")
+    series = ["w8a8_x_bf16", "w4a8_pc_x_bf16", "w4a8_g128_x_bf16", "int_mm_x_bf16", "gemlite_a8w8_x_bf16", "gemlite_a8w4_x_bf16"]
+    plot_speedup(rows, args.out / "int8_gemm.png", x="M", series=series, panel="shape",
+                 title=f"int8-activation GEMMs vs bf16 torch.matmul ({gpu})")
+    table = markdown_table(rows)
+    head = f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s\n\n"
+    (args.out / "int8_gemm.md").write_text(head + table + "\n")
+    log(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
