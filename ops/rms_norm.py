@@ -21,6 +21,12 @@ The fused ops return exactly what the composition of the unfused ops returns
 (same codes, same scales, same residual): that is their definition, and the
 reference kernels below are written as that composition. An all-zero row
 normalizes to zeros (rsqrt(eps) is finite for eps > 0). All outputs are contiguous.
+
+CUDA kernels: Triton, one kernel for all four ops in ``norm_quant_kernels.py``. On
+one device a fused op equals the composition of the unfused CUDA ops bit for bit;
+against the plain-torch reference the float sum of squares is taken in another
+order, so an output can differ by one ulp of its dtype where the normalized value
+lies at a rounding boundary (rare; the kernel tests measure and bound it).
 """
 
 from __future__ import annotations
@@ -84,6 +90,14 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return rms_norm_ref(x, weight, eps)
 
 
+@rms_norm.register_kernel("cuda")
+def _rms_norm_cuda(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    _check("rms_norm", x, weight, eps)
+    from .norm_quant_kernels import rms_norm_triton  # triton only when a GPU op runs
+
+    return rms_norm_triton(x, weight, eps)
+
+
 @rms_norm.register_fake
 def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     _check("rms_norm", x, weight, eps)
@@ -95,6 +109,14 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
     """``residual_out = x + residual; out = rms_norm(residual_out)``; returns ``(out, residual_out)``."""
     _check("fused_add_rms_norm", x, weight, eps, residual)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
+
+
+@fused_add_rms_norm.register_kernel("cuda")
+def _fused_add_rms_norm_cuda(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    _check("fused_add_rms_norm", x, weight, eps, residual)
+    from .norm_quant_kernels import fused_add_rms_norm_triton  # triton only when a GPU op runs
+
+    return fused_add_rms_norm_triton(x, residual, weight, eps)
 
 
 @fused_add_rms_norm.register_fake
@@ -110,6 +132,14 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tenso
     return rms_norm_quant_ref(x, weight, eps)
 
 
+@rms_norm_quant.register_kernel("cuda")
+def _rms_norm_quant_cuda(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    _check("rms_norm_quant", x, weight, eps)
+    from .norm_quant_kernels import rms_norm_quant_triton  # triton only when a GPU op runs
+
+    return rms_norm_quant_triton(x, weight, eps)
+
+
 @rms_norm_quant.register_fake
 def _rms_norm_quant_fake(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     _check("rms_norm_quant", x, weight, eps)
@@ -121,6 +151,14 @@ def fused_add_rms_norm_quant(x: Tensor, residual: Tensor, weight: Tensor, eps: f
     """Residual add, RMSNorm and per-token int8 quantization; returns ``(xq, scale, residual_out)``."""
     _check("fused_add_rms_norm_quant", x, weight, eps, residual)
     return fused_add_rms_norm_quant_ref(x, residual, weight, eps)
+
+
+@fused_add_rms_norm_quant.register_kernel("cuda")
+def _fused_add_rms_norm_quant_cuda(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    _check("fused_add_rms_norm_quant", x, weight, eps, residual)
+    from .norm_quant_kernels import fused_add_rms_norm_quant_triton  # triton only when a GPU op runs
+
+    return fused_add_rms_norm_quant_triton(x, residual, weight, eps)
 
 
 @fused_add_rms_norm_quant.register_fake

@@ -9,6 +9,10 @@ Math, for gate, up: [..., I] of one dtype (fp16/bf16)::
 
 The op returns exactly what that composition returns; the reference kernel is
 that composition. Outputs are contiguous (xq int8 [..., I], scale float32 [..., 1]).
+
+CUDA kernel: Triton, in ``silu_quant_kernels.py``; SiLU is computed as torch's CUDA
+kernel does (``x / (1 + expf(-x))`` in float32, IEEE division, libdevice expf), so
+its result equals the reference kernel run on the GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ def silu_and_mul_quant(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     """``quant_per_token_int8(silu(gate) * up)`` in one op; returns ``(xq, scale)``."""
     _check(gate, up)
     return silu_and_mul_quant_ref(gate, up)
+
+
+@silu_and_mul_quant.register_kernel("cuda")
+def _silu_and_mul_quant_cuda(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    _check(gate, up)
+    from .silu_quant_kernels import silu_and_mul_quant_triton  # triton only when a GPU op runs
+
+    return silu_and_mul_quant_triton(gate, up)
 
 
 @silu_and_mul_quant.register_fake

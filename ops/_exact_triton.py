@@ -1,0 +1,96 @@
+"""Bit-exact float helpers for the Triton activation kernels (norm, SiLU, int8 quantize).
+
+The reference kernels are plain torch; a Triton kernel that must give the *same
+bits* has to reproduce each rounding step of torch's CUDA/CPU kernels:
+
+* ``div_rn``: torch's ``a / b`` on float32 tensors is IEEE division; Triton's
+  ``/`` compiles to an approximate division on CUDA, ``tl.math.div_rn`` to
+  ``div.rn.f32`` (and to ``np.divide`` under the interpreter).
+* ``round_half_even``: ``torch.round``. On the GPU ``libdevice.rint``
+  (``cvt.rni``); the interpreter has no libdevice, so there the fp32 magic-number
+  trick ``(y + 1.5 * 2**23) - 1.5 * 2**23``, exact round-half-to-even for
+  ``|y| < 2**22`` (callers clamp to [-128, 127] first, which commutes with
+  rounding because both bounds are integers).
+* ``exp_f32``: torch's CUDA SiLU calls ``expf`` (``x / (1 + expf(-x))``); on the
+  GPU ``libdevice.exp`` is the same ``__nv_expf``. ``tl.exp`` would lower to the
+  approximate ``ex2.approx`` path and is used only under the interpreter (numpy).
+* ``to_act_dtype``: fp32 -> fp16/bf16 with round-to-nearest-even. On the GPU a
+  plain cast (``cvt.rn``). The Triton 3.7 interpreter truncates fp32 -> bf16
+  (and its "rtne" mode rounds ties away from zero), so there bf16 is rounded with
+  integer bit arithmetic first, which makes the truncating cast exact.
+
+Every kernel takes a constexpr ``INTERPRET`` (see :func:`interpreting`) and passes
+it down; the GPU branch is what production runs (covered by the ``gpu`` tests),
+the other branch is what CI's interpreter tests run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+# 1.5 * 2**23: adding it to |y| < 2**22 leaves no fraction bits, so the fp32 add
+# rounds y to an integer with the FPU's round-half-to-even.
+_MAGIC_RNE = 12582912.0
+
+
+def interpreting() -> bool:
+    """True when the Triton kernels run under the interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+@triton.jit
+def div_rn(a, b):
+    """IEEE round-to-nearest float32 division (torch's ``a / b``)."""
+    return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def round_half_even(y, INTERPRET: tl.constexpr):
+    """``torch.round`` for float32 ``y`` with ``|y| < 2**22``."""
+    if INTERPRET:
+        r = (y + _MAGIC_RNE) - _MAGIC_RNE
+    else:
+        r = libdevice.rint(y)
+    return r
+
+
+@triton.jit
+def exp_f32(x, INTERPRET: tl.constexpr):
+    """``expf`` as torch's CUDA kernels call it."""
+    if INTERPRET:
+        e = tl.exp(x)
+    else:
+        e = libdevice.exp(x)
+    return e
+
+
+@triton.jit
+def to_act_dtype(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """float32 -> ``DTYPE`` (fp16 / bf16) with round-to-nearest-even, like torch's ``.to``."""
+    if INTERPRET and DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + (((bits >> 16) & 1) + 0x7FFF)
+        x = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def quantize_int8(v, scale, INTERPRET: tl.constexpr):
+    """``clamp(round(v / scale), -128, 127)`` as int8, bit-exact to the torch reference."""
+    y = div_rn(v, scale)
+    y = tl.minimum(tl.maximum(y, -128.0), 127.0)
+    return round_half_even(y, INTERPRET).to(tl.int8)
+
+
+@triton.jit
+def per_token_scale(amax):
+    """``max(amax, 1e-10) / 127`` in float32 with IEEE division."""
+    return div_rn(tl.maximum(amax, 1e-10), 127.0)

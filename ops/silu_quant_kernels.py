@@ -1,0 +1,108 @@
+"""Triton kernel for ``silu_and_mul_quant`` (math: ops/silu_and_mul_quant.py), and the
+unfused ``silu_and_mul`` it is compared with (same kernel, ``QUANT=False``).
+
+Per row (one program each), f32 = float32 math, dtype(.) = round to the input dtype:
+
+    h     = dtype(f32(dtype(g / (1 + expf(-g)))) * f32(up))     (g = f32(gate))
+    QUANT: scale = max(max|h|, 1e-10) / 127; q = clamp(rne(h / scale), -128, 127)
+
+This is torch's CUDA SiLU (``x / (1 + ::exp(-x))`` in float, rounded to the dtype)
+followed by the dtype multiply, whose fp32 product of two 16-bit floats is exact and
+so rounds once, as torch's does. On the GPU ``expf`` is ``libdevice.exp`` (the
+``__nv_expf`` torch's kernel calls) and the division is ``div.rn``, so ``h``
+matches torch's CUDA result bit for bit; no reduction precedes the quantization,
+so the fused result then equals the reference exactly. Under the interpreter
+``expf`` is numpy's, which can differ from torch's CPU (Sleef) expf in the last
+fp32 bit; that moves ``h`` by one dtype ulp only when the fp32 SiLU lies within
+that bit of a rounding boundary (the tests measure how often).
+
+Rows longer than ``MAX_ROW_BLOCK`` are walked twice in chunks (amax, then quantize),
+recomputing ``h`` in the second pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8, to_act_dtype
+from .int8_quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
+
+
+@triton.jit
+def _silu_mul(g_ptr, u_ptr, idx, mask, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    g = tl.load(g_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+    silu = to_act_dtype(div_rn(g, 1.0 + exp_f32(-g, INTERPRET)), DTYPE, INTERPRET)
+    return to_act_dtype(silu.to(tl.float32) * u, DTYPE, INTERPRET)
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    g_ptr, u_ptr, out_ptr, q_ptr, scale_ptr, H,
+    QUANT: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    DTYPE: tl.constexpr = g_ptr.dtype.element_ty
+    base = tl.program_id(0).to(tl.int64) * H
+    offs = tl.arange(0, BLOCK)
+    if SINGLE:
+        mask = offs < H
+        h = _silu_mul(g_ptr + base, u_ptr + base, offs, mask, DTYPE, INTERPRET)
+        if QUANT:
+            hf = h.to(tl.float32)
+            scale = per_token_scale(tl.max(tl.abs(hf), axis=0))
+            tl.store(q_ptr + base + offs, quantize_int8(hf, scale, INTERPRET), mask=mask)
+            tl.store(scale_ptr + tl.program_id(0), scale)
+        else:
+            tl.store(out_ptr + base + offs, h, mask=mask)
+    elif QUANT:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, H, BLOCK):
+            idx = start + offs
+            mask = idx < H
+            amax = tl.maximum(amax, tl.abs(_silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET).to(tl.float32)))
+        scale = per_token_scale(tl.max(amax, axis=0))
+        for start in range(0, H, BLOCK):
+            idx = start + offs
+            mask = idx < H
+            hf = _silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET).to(tl.float32)
+            tl.store(q_ptr + base + idx, quantize_int8(hf, scale, INTERPRET), mask=mask)
+        tl.store(scale_ptr + tl.program_id(0), scale)
+    else:
+        for start in range(0, H, BLOCK):
+            idx = start + offs
+            mask = idx < H
+            tl.store(out_ptr + base + idx, _silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET), mask=mask)
+
+
+def _launch(gate: torch.Tensor, up: torch.Tensor, quant: bool, max_row_block: int):
+    gate = gate.contiguous()
+    up = up.contiguous()
+    h = gate.shape[-1]
+    m = gate.numel() // h
+    out = None if quant else torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    xq = torch.empty(gate.shape, dtype=torch.int8, device=gate.device) if quant else None
+    scale = torch.empty((*gate.shape[:-1], 1), dtype=torch.float32, device=gate.device) if quant else None
+    if m > 0:
+        cfg = row_config(h, max_row_block)
+        dummy = gate  # stands in for pointers a variant never touches
+        with device_guard(gate):
+            _silu_and_mul_kernel[(m,)](
+                gate, up, out if out is not None else dummy, xq if xq is not None else dummy,
+                scale if scale is not None else dummy, h,
+                QUANT=quant, BLOCK=cfg["BLOCK"], SINGLE=cfg["SINGLE"], INTERPRET=interpreting(), num_warps=cfg["num_warps"],
+            )  # fmt: skip
+    return out, xq, scale
+
+
+def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor, max_row_block: int = MAX_ROW_BLOCK) -> torch.Tensor:
+    """``silu(gate) * up`` in the input dtype (the unfused first half; not a registered op)."""
+    return _launch(gate, up, False, max_row_block)[0]
+
+
+def silu_and_mul_quant_triton(
+    gate: torch.Tensor, up: torch.Tensor, max_row_block: int = MAX_ROW_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _, xq, scale = _launch(gate, up, True, max_row_block)
+    return xq, scale
