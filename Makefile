@@ -1,0 +1,29 @@
+# Two entry points (README): `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.qfuse-installed
+
+.PHONY: demo test gpu-test clean
+
+# torch 2.13.0 is installed explicitly first: it resolves to the CPU build on the dev/CI
+# machines, and keeps a later `torch>=2.11` from pulling a multi-GB CUDA build.
+# triton 3.7.1 is torch 2.13's pair; the tests run the Triton kernels in its interpreter.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 triton==3.7.1
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/qfuse demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# On a CUDA machine (torch + triton already installed): the GPU kernel grids.
+gpu-test:
+	$(PYTHON) -m pytest -q -m gpu tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

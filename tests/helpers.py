@@ -1,0 +1,31 @@
+"""Shared test helpers: independent decoders (written differently from the ops' own
+code, so a bug in one is not copied into the other) and input factories."""
+
+from __future__ import annotations
+
+import torch
+
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+DECODE_AND_ODD_M = (1, 2, 7, 16, 33)
+
+
+def decode_uint4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> int64 [N, K] codes, by integer arithmetic (not bit ops)."""
+    p = packed.to(torch.int64)
+    out = torch.empty(p.shape[0], p.shape[1] * 2, dtype=torch.int64)
+    out[:, 0::2] = p % 16
+    out[:, 1::2] = p // 16
+    return out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+def randn(*shape, dtype=torch.bfloat16, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape) * scale).to(dtype)
+
+
+def random_int8(*shape) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, dtype=torch.int8)

@@ -1,0 +1,203 @@
+"""Triton kernel of rms_norm / fused_add_rms_norm / rms_norm_quant / fused_add_rms_norm_quant.
+
+Two bars (see ops/norm_quant_kernels.py):
+* fused == composition of the unfused Triton kernels, bit for bit (codes, scales,
+  residual), on the same device: both run the same code and config, so the float
+  sum of squares is taken in the same order;
+* against the plain-torch reference (another summation order): residual_out is
+  exact (no reduction), the normalized output is within one ulp of its dtype and
+  equal almost everywhere, codes within 1 of the reference codes.
+CPU (CI) runs the launchers under the Triton interpreter; ``-m gpu`` runs the
+registered CUDA ops against the reference kernel run on the GPU.
+"""
+
+import pytest
+import torch
+
+from qfuse.ops.int8_quant_kernels import quant_per_token_int8_triton
+from qfuse.ops.norm_quant_kernels import (
+    fused_add_rms_norm_quant_triton,
+    fused_add_rms_norm_triton,
+    rms_norm_quant_triton,
+    rms_norm_triton,
+)
+from qfuse.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from tests.helpers import ACT_DTYPES
+
+# Measured share of outputs one ulp off the reference: 0 on CPU in these cases; the
+# bound leaves room for the rounding-boundary cases a different sum order can hit.
+MAX_ULP_MISMATCH_FRACTION = 1e-3
+
+CPU_CASES = [
+    ((1, 64), 32768),
+    ((2, 576), 32768),
+    ((7, 4097), 32768),
+    ((16, 257), 32768),
+    ((3, 5, 48), 32768),
+    ((1, 14336), 32768),
+    ((3, 1000), 512),  # chunked: 8 chunks of 128
+    ((2, 130), 64),  # chunked with a ragged tail
+]
+
+
+def _ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in units of the last place between same-dtype 16-bit floats (sign-magnitude aware)."""
+    def ordered(t):
+        i = t.view(torch.int16).to(torch.int32)
+        return torch.where(i < 0, -(i & 0x7FFF), i)
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def assert_within_one_ulp(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
+    d = _ulp_diff(out, ref)
+    assert d.max() <= 1, f"{what}: {d.max().item()} ulps off"
+    frac = (d > 0).float().mean().item()
+    assert frac <= MAX_ULP_MISMATCH_FRACTION, f"{what}: {frac:.2e} of the outputs differ by one ulp"
+
+
+def assert_codes_close(q, s, qr, sr, what: str) -> None:
+    """Codes within 1 and scales within one 16-bit ulp of the amax (the only slack a 1-ulp output shift gives)."""
+    assert q.shape == qr.shape and s.shape == sr.shape
+    assert (q.int() - qr.int()).abs().max() <= 1, f"{what}: code off by more than 1"
+    torch.testing.assert_close(s, sr, rtol=2**-7, atol=0)
+
+
+def _inputs(shape, dtype, device="cpu"):
+    x = (torch.randn(shape, device=device) * 2).to(dtype)
+    residual = torch.randn(shape, device=device).to(dtype)
+    weight = (torch.rand(shape[-1], device=device) + 0.5).to(dtype)
+    return x, residual, weight
+
+
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+@pytest.mark.parametrize("shape,max_row_block", CPU_CASES)
+def test_kernel_fused_equals_unfused_composition(shape, max_row_block, dtype):
+    x, residual, weight = _inputs(shape, dtype)
+    eps = 1e-6
+    out = rms_norm_triton(x, weight, eps, max_row_block)
+    q, s = rms_norm_quant_triton(x, weight, eps, max_row_block)
+    qc, sc = quant_per_token_int8_triton(out)
+    assert torch.equal(q, qc) and torch.equal(s, sc)
+
+    out2, res2 = fused_add_rms_norm_triton(x, residual, weight, eps, max_row_block)
+    q2, s2, res_q = fused_add_rms_norm_quant_triton(x, residual, weight, eps, max_row_block)
+    q2c, s2c = quant_per_token_int8_triton(out2)
+    assert torch.equal(q2, q2c) and torch.equal(s2, s2c) and torch.equal(res_q, res2)
+
+
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+@pytest.mark.parametrize("shape,max_row_block", CPU_CASES)
+def test_kernel_close_to_reference(shape, max_row_block, dtype):
+    x, residual, weight = _inputs(shape, dtype)
+    eps = 1e-5
+    assert_within_one_ulp(rms_norm_triton(x, weight, eps, max_row_block), rms_norm_ref(x, weight, eps), "rms_norm")
+    out, res = fused_add_rms_norm_triton(x, residual, weight, eps, max_row_block)
+    out_ref, res_ref = fused_add_rms_norm_ref(x, residual, weight, eps)
+    assert torch.equal(res, res_ref), "residual_out is an elementwise add: it must be exact"
+    assert_within_one_ulp(out, out_ref, "fused_add_rms_norm")
+    q, s, res_q = fused_add_rms_norm_quant_triton(x, residual, weight, eps, max_row_block)
+    qr, sr = quant_per_token_int8_triton(out_ref)  # quantizing is exact (test_quant_int8_kernel)
+    assert torch.equal(res_q, res_ref)
+    assert_codes_close(q, s, qr, sr, "fused_add_rms_norm_quant")
+
+
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+@pytest.mark.parametrize("max_row_block", [32768, 64])
+def test_kernel_all_zero_row(dtype, max_row_block):
+    x, residual, weight = _inputs((3, 200), dtype)
+    x[1] = 0
+    out = rms_norm_triton(x, weight, 1e-6, max_row_block)
+    assert (out[1] == 0).all() and torch.isfinite(out).all()
+    q, s = rms_norm_quant_triton(x, weight, 1e-6, max_row_block)
+    assert (q[1] == 0).all() and torch.isfinite(s).all() and s[1].item() > 0
+    residual[1] = 0
+    q2, s2, res = fused_add_rms_norm_quant_triton(x, residual, weight, 1e-6, max_row_block)
+    assert (res[1] == 0).all() and (q2[1] == 0).all() and torch.isfinite(s2).all()
+
+
+def test_kernel_residual_add_rounds_like_torch():
+    # Sums that need more than 16 bits: the fp32 add rounds once to bf16 (ties to even), as torch does.
+    x = torch.tensor([[1.0, 256.0, -3.0, 1e-3, 0.5]], dtype=torch.bfloat16).repeat(2, 8)
+    residual = torch.tensor([[2**-8, 1.0, 2**-7, 3e3, 2**-9]], dtype=torch.bfloat16).repeat(2, 8)
+    weight = torch.ones(40, dtype=torch.bfloat16)
+    _, res = fused_add_rms_norm_triton(x, residual, weight, 1e-6)
+    assert torch.equal(res, x + residual)
+
+
+def test_kernel_non_contiguous_input():
+    x = torch.randn(64, 24).bfloat16().t()
+    weight = torch.rand(64).bfloat16() + 0.5
+    assert_within_one_ulp(rms_norm_triton(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6), "rms_norm")
+
+
+def test_cuda_entries_check_arguments_before_any_kernel():
+    from qfuse.ops import rms_norm as mod
+
+    x = torch.randn(2, 8).half()
+    with pytest.raises(TypeError, match="weight must be float16"):
+        mod._rms_norm_quant_cuda(x, torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="eps must be a positive float"):
+        mod._fused_add_rms_norm_quant_cuda(x, x, torch.ones(8).half(), 0.0)
+    with pytest.raises(ValueError, match="residual must have shape"):
+        mod._fused_add_rms_norm_cuda(x, x[:1], torch.ones(8).half(), 1e-6)
+
+
+# ---------------------------------------------------------------- GPU grid
+GPU_M = (1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096)
+GPU_H = (4096, 14336, 4097, 576)
+
+
+def _gpu_check(m, h, dtype, eps=1e-6):
+    x, residual, weight = _inputs((m, h), dtype, "cuda")
+    if m > 2:
+        x[1] = 0
+        residual[1] = 0
+    ops = torch.ops.qfuse
+    out = ops.rms_norm(x, weight, eps)
+    out2, res2 = ops.fused_add_rms_norm(x, residual, weight, eps)
+    q, s = ops.rms_norm_quant(x, weight, eps)
+    q2, s2, res_q = ops.fused_add_rms_norm_quant(x, residual, weight, eps)
+    # fused == composition of the unfused CUDA ops, bit for bit
+    qc, sc = ops.quant_per_token_int8(out)
+    q2c, s2c = ops.quant_per_token_int8(out2)
+    assert torch.equal(q, qc) and torch.equal(s, sc)
+    assert torch.equal(q2, q2c) and torch.equal(s2, s2c) and torch.equal(res_q, res2)
+    # against the reference kernel on the GPU
+    out_ref = rms_norm_ref(x, weight, eps)
+    out2_ref, res_ref = fused_add_rms_norm_ref(x, residual, weight, eps)
+    assert torch.equal(res2, res_ref)
+    assert_within_one_ulp(out, out_ref, "rms_norm")
+    assert_within_one_ulp(out2, out2_ref, "fused_add_rms_norm")
+    assert_codes_close(q2, s2, *ops.quant_per_token_int8(out2_ref), "fused_add_rms_norm_quant")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+@pytest.mark.parametrize("h", GPU_H)
+@pytest.mark.parametrize("m", GPU_M)
+def test_gpu_grid(m, h, dtype):
+    _gpu_check(m, h, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+@pytest.mark.parametrize("h", (40000, 32768 + 3))  # chunked path
+@pytest.mark.parametrize("m", (1, 7, 256))
+def test_gpu_long_rows(m, h, dtype):
+    _gpu_check(m, h, dtype, eps=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_fused_cuda_graph_capture():
+    x, residual, weight = _inputs((16, 4096), torch.bfloat16, "cuda")
+    torch.ops.qfuse.fused_add_rms_norm_quant(x, residual, weight, 1e-6)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        q, s, res = torch.ops.qfuse.fused_add_rms_norm_quant(x, residual, weight, 1e-6)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    out, res_ref = torch.ops.qfuse.fused_add_rms_norm(x, residual, weight, 1e-6)
+    qc, sc = torch.ops.qfuse.quant_per_token_int8(out)
+    assert torch.equal(res, res_ref) and torch.equal(q, qc) and torch.equal(s, sc)

@@ -1,0 +1,62 @@
+"""QuantLinear: from_linear, forward vs dequantized_weight, state_dict, dtype handling."""
+
+import pytest
+import torch
+from torch import nn
+
+import qfuse
+from tests.helpers import rel_err
+
+
+@pytest.mark.parametrize("scheme", list(qfuse.SCHEMES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_forward_matches_dequantized_weight(scheme, dtype):
+    lin = nn.Linear(256, 96, bias=True).to(dtype)
+    q = qfuse.QuantLinear.from_linear(lin, scheme)
+    x = torch.randn(2, 5, 256).to(dtype)
+    y = q(x)
+    assert y.shape == (2, 5, 96) and y.dtype == dtype
+    w = q.dequantized_weight().float()
+    s = qfuse.get_scheme(scheme)
+    if s.weight_only:
+        ref = x.float() @ w.T + lin.bias.float()
+        assert rel_err(y, ref) < 4e-3
+    else:  # activations are quantized per token too: compare with the fake-quant model
+        xq, xs = torch.ops.qfuse.quant_per_token_int8(x.reshape(-1, 256))
+        ref = (xq.float() * xs) @ w.T + lin.bias.float()
+        assert rel_err(y.reshape(-1, 96), ref) < 4e-3
+    assert rel_err(y, lin(x).detach()) < (0.02 if s.weight_bits == 8 else 0.15)
+
+
+def test_state_dict_round_trip():
+    lin = nn.Linear(256, 64).bfloat16()
+    q = qfuse.QuantLinear.from_linear(lin, "W4A16_ASYM")
+    sd = q.state_dict()
+    assert set(sd) == {"qweight", "scales", "zeros", "bias"}
+    empty = qfuse.QuantLinear(256, 64, "W4A16_ASYM", {k: torch.empty_like(v) for k, v in sd.items() if k != "bias"}, torch.empty(64, dtype=torch.bfloat16))
+    empty.load_state_dict(sd)
+    x = torch.randn(3, 256).bfloat16()
+    assert torch.equal(empty(x), q(x))
+
+
+def test_module_to_half_keeps_working():
+    lin = nn.Linear(128, 32).bfloat16()
+    for scheme in ("W4A16", "W8A8"):
+        q = qfuse.QuantLinear.from_linear(lin, scheme).to(torch.float16)
+        y = q(torch.randn(2, 128).half())
+        assert y.dtype == torch.float16 and torch.isfinite(y).all()
+
+
+def test_weight_bytes():
+    lin = nn.Linear(256, 64, bias=False).bfloat16()
+    assert qfuse.QuantLinear.from_linear(lin, "W4A16").weight_bytes() == 64 * 128 + 64 * 2 * 2
+    assert qfuse.QuantLinear.from_linear(lin, "W8A8").weight_bytes() == 64 * 256 + 64 * 4
+
+
+def test_from_linear_errors():
+    with pytest.raises(TypeError, match="not supported; qfuse runs fp16/bf16 models"):
+        qfuse.QuantLinear.from_linear(nn.Linear(128, 8), "W8A16")
+    with pytest.raises(ValueError, match="in_features=100 is not divisible by group_size=128"):
+        qfuse.QuantLinear.from_linear(nn.Linear(100, 8).half(), "W4A8_G128")
+    with pytest.raises(ValueError, match="in_features=129 must be even"):
+        qfuse.QuantLinear.from_linear(nn.Linear(129, 8).half(), "W4A8")

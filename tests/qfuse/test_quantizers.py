@@ -1,0 +1,83 @@
+"""quantize -> dequantize error bounds per scheme, and AutoAWQ equivalence."""
+
+import pytest
+import torch
+
+from qfuse.ops.w4a8_gemm import dequantize_w4a8
+from qfuse.ops.wna16_gemm import dequantize_wna16
+from qfuse.quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
+from tests.helpers import ACT_DTYPES, decode_uint4
+
+
+def _groups(t, g):
+    n, k = t.shape
+    g = k if g == -1 else g
+    return t.reshape(n, k // g, g)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+def test_wna16_symmetric_error_within_half_step(bits, group_size, dtype):
+    w = torch.randn(32, 256).to(dtype).float()
+    t = quantize_wna16(w, bits, group_size, True, dtype)
+    w_hat = dequantize_wna16(t["qweight"], t["scales"], None, bits, group_size)
+    step = t["scales"].float().repeat_interleave(256 if group_size == -1 else group_size, dim=1)
+    # half a step; the row/group max may clip at +qmax by at most one step where the
+    # scale was rounded down to the dtype
+    err = (w_hat - w).abs()
+    assert (err <= 0.5 * step * (1 + 1e-3) + 1e-7).float().mean() > 0.99
+    assert (err <= 1.0 * step * (1 + 1e-2)).all()
+    rel = ((w_hat - w).norm() / w.norm()).item()
+    assert rel < {4: 0.13, 8: 0.008}[bits] * (1.0 if group_size != -1 else 1.3)
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+def test_wna16_asym_matches_autoawq_pseudo_quantize(group_size, dtype):
+    # AutoAWQ awq/quantize/quantizer.py pseudo_quantize_tensor(zero_point=True), transcribed;
+    # AutoAWQ computes in the model dtype, so its scale carries that dtype's rounding.
+    w = (torch.randn(16, 256) * 0.1 + 0.03).to(dtype).float()
+    wg = w.reshape(-1, group_size)
+    max_val, min_val = wg.amax(dim=1, keepdim=True), wg.amin(dim=1, keepdim=True)
+    scales = ((max_val - min_val).clamp(min=1e-5) / 15).to(dtype).float()
+    zeros = (-torch.round(min_val / scales)).clamp_(0, 15)
+    awq = ((torch.clamp(torch.round(wg / scales) + zeros, 0, 15) - zeros) * scales).reshape(16, 256)
+    t = quantize_wna16(w, 4, group_size, False, dtype)
+    ours = dequantize_wna16(t["qweight"], t["scales"], t["zeros"], 4, group_size)
+    assert torch.equal(ours, awq)
+    assert torch.equal(t["zeros"].reshape(-1, 1).float(), zeros)
+
+
+def test_wna16_codes_in_range_and_zero_weight_finite():
+    w = torch.randn(8, 128)
+    w[3] = 0
+    for sym in (True, False):
+        t = quantize_wna16(w, 4, 64, sym, torch.float16)
+        codes = decode_uint4(t["qweight"])
+        assert codes.min() >= 0 and codes.max() <= 15
+        assert torch.isfinite(t["scales"].float()).all()
+        w_hat = dequantize_wna16(t["qweight"], t["scales"], t["zeros"], 4, 64)
+        assert (w_hat[3] == 0).all()
+
+
+def test_w8a8_error_bound():
+    w = torch.randn(64, 256)
+    t = quantize_w8a8(w)
+    w_hat = t["wq"].float() * t["w_scale"].reshape(-1, 1)
+    assert ((w_hat - w).abs() <= 0.5 * t["w_scale"].reshape(-1, 1) + 1e-7).all()
+    assert t["wq"].abs().max() <= 127
+
+
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_w4a8_error_bound_and_int8_products(group_size):
+    w = torch.randn(64, 512) * torch.linspace(0.1, 3, 512)  # groups with very different ranges
+    t = quantize_w4a8(w, group_size)
+    w_hat = dequantize_w4a8(t["qweight"], t["w_scale"], t["group_scale"], group_size)
+    step = t["w_scale"].reshape(-1, 1) * (1 if group_size == -1 else t["group_scale"].float().repeat_interleave(128, dim=1))
+    assert ((w_hat - w).abs() <= 0.5 * step * (1 + 1e-5)).all()
+    if group_size == 128:
+        gs = t["group_scale"]
+        assert gs.min() >= 1 and gs.max() <= 16
+        per_channel = dequantize_w4a8(**{k: v for k, v in quantize_w4a8(w, -1).items()}, group_size=-1)
+        assert (w_hat - w).norm() < 0.8 * (per_channel - w).norm(), "groups must beat one scale per row here"
