@@ -51,7 +51,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
     gk = group_size if group_size > 0 else 256  # BLOCK_K never spans two groups
     cands: list[dict] = []
     if mb <= 4:
-        for bn in (16, 32) if not exhaustive else (8, 16, 32, 64):
+        for bn in (16, 32) if not exhaustive else (16, 32, 64):
             bk = min(256, gk)
             for split in sorted({1, _split_for(_cdiv(n, bn), k, bk, sms)} | ({2, 4} if exhaustive else set())):
                 cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4, "num_stages": 2})

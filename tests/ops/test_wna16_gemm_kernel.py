@@ -183,11 +183,17 @@ def _grid_cases():
             for mi, m in enumerate(GRID_M):
                 i = si + qi + mi  # cycles dtype, zero points and bias so every pair of them meets every (bits, group)
                 cases.append((n, k, bits, g, m, ("bfloat16", "float16")[i % 2], (i // 2) % 2 == 0, (i // 4) % 2 == 0))
-    shard = os.environ.get("QFUSE_GPU_SHARD")
-    if shard:
-        idx, count = (int(v) for v in shard.split("/"))
-        cases = cases[idx::count]
-    return cases
+    idx, count = _shard()
+    return cases[idx::count]
+
+
+def _shard() -> tuple[int, int]:
+    shard = os.environ.get("QFUSE_GPU_SHARD", "0/1")
+    idx, count = (int(v) for v in shard.split("/"))
+    return idx, count
+
+
+only_in_first_shard = pytest.mark.skipif(_shard()[0] != 0, reason="runs in shard 0 of QFUSE_GPU_SHARD")
 
 
 _WEIGHTS: dict = {}
@@ -212,6 +218,7 @@ def test_gpu_grid(n, k, bits, group_size, m, dtype, asym, bias):
 
 
 @pytest.mark.gpu
+@only_in_first_shard
 @pytest.mark.parametrize("bits,group_size", [(4, 128), (4, -1), (8, -1), (8, 32)])
 @pytest.mark.parametrize("m", [1, 3, 16, 128])
 def test_gpu_every_candidate(bits, group_size, m):
@@ -221,6 +228,7 @@ def test_gpu_every_candidate(bits, group_size, m):
 
 
 @pytest.mark.gpu
+@only_in_first_shard
 @pytest.mark.parametrize("bits,group_size,asym", DEQUANT_CASES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_dequant_kernel_bit_exact(bits, group_size, asym, dtype):
@@ -228,6 +236,7 @@ def test_gpu_dequant_kernel_bit_exact(bits, group_size, asym, dtype):
 
 
 @pytest.mark.gpu
+@only_in_first_shard
 @pytest.mark.parametrize("m", [1, 16, 512])
 def test_gpu_cuda_graph_capture(m):
     x, qw, s, z, b = make_problem(m, 4096, 4096, 4, 128, torch.bfloat16, False, True, device="cuda")

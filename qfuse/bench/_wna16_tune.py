@@ -1,0 +1,119 @@
+"""Offline tuning of ``wna16_gemm`` configs (writes the shipped-defaults JSON).
+
+Why not ``pick_config``'s own measurement: it times with ``do_bench``, whose figure for a
+5-20 us kernel is mostly Python launch overhead, and its weights sit in L2. Here every
+candidate is timed as CUDA-graph replays over rotated weight copies (qfuse/bench/timing.py),
+the way a compiled model runs it. Compilation dominates a fresh machine, so the candidates
+are first compiled in parallel worker processes (Triton's disk cache), then timed serially.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import torch
+
+from qfuse.ops._autotune import _key_str, _memory, device_name
+from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, run_config
+
+from .timing import copies_for, time_graph
+
+
+def make_weights(n: int, k: int, bits: int, group_size: int, dtype: torch.dtype, asym: bool, device="cuda"):
+    """Random codes (returned unpacked too), scales and zero points in the op's layout."""
+    groups = 1 if group_size == -1 else k // group_size
+    codes = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8, device=device)
+    qweight = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes
+    scales = (torch.rand(n, groups, device=device) * 0.02 + 0.005).to(dtype)
+    zeros = torch.randint(0, 2**bits, (n, groups), dtype=torch.uint8, device=device) if asym else None
+    return codes, qweight, scales, zeros
+
+
+def op_bytes(m: int, n: int, k: int, bits: int, group_size: int, asym: bool, act_bytes: int = 2) -> int:
+    """Bytes a W{bits}A16 GEMM must move: weights, scales (+ zero points), activations, output."""
+    groups = 1 if group_size == -1 else k // group_size
+    return n * k * bits // 8 + n * groups * (act_bytes + (1 if asym else 0)) + (m * k + m * n) * act_bytes
+
+
+def _jobs(shapes, ms, bits_list, group_size):
+    for n, k in shapes:
+        for bits in bits_list:
+            for m in ms:
+                for cfg in candidate_configs(m, n, k, bits, group_size, exhaustive=True):
+                    yield n, k, bits, m, cfg
+
+
+def _compile_worker(args) -> int:
+    jobs, group_size, dtype_name, asym = args
+    dtype = getattr(torch, dtype_name)
+    done = 0
+    weights = {}
+    for n, k, bits, m, cfg in jobs:
+        if (n, k, bits) not in weights:
+            weights.clear()
+            weights[(n, k, bits)] = make_weights(n, k, bits, group_size, dtype, asym)[1:]
+        qw, s, z = weights[(n, k, bits)]
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        try:
+            run_config(cfg, x, qw, s, z, None, bits, group_size)
+            done += 1
+        except Exception:  # a config that does not fit is skipped again when timed
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int) -> None:
+    """Compile every candidate once, in ``workers`` processes sharing Triton's disk cache.
+
+    Jobs with the same compiled signature (config, bits, M == 1, M % 16 == 0) go to one
+    worker, so no two workers compile the same kernel."""
+    buckets: list[list] = [[] for _ in range(workers)]
+    for job in _jobs(shapes, ms, bits_list, group_size):
+        n, k, bits, m, cfg = job
+        sig = (bits, m == 1, m % 16 == 0, n % 16 == 0, tuple(sorted(cfg.items())))
+        buckets[hash(sig) % workers].append(job)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        pool.map(_compile_worker, [(b, group_size, str(dtype).removeprefix("torch."), asym) for b in buckets if b])
+
+
+def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8, cache_file: Path | None = None, log=print, device: str = "cuda") -> dict:
+    """Time every candidate per (shape, M bucket, bits); keep the fastest in the in-process
+    cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}."""
+    if workers > 1:
+        precompile(shapes, ms, bits_list, group_size, dtype, asym, workers)
+    dev = torch.device(device)
+    best_all: dict[str, dict] = {}
+    for n, k in shapes:
+        for bits in bits_list:
+            ncopy = copies_for(op_bytes(1, n, k, bits, group_size, asym))
+            copies = [make_weights(n, k, bits, group_size, dtype, asym, device)[1:] for _ in range(ncopy)]
+            for m in ms:
+                key = _key_str(OP, (device_name(dev), *config_key(m, n, k, bits, group_size, dtype)))
+                if key in best_all:
+                    continue
+                x = torch.randn(m, k, device=dev).to(dtype)
+                timings = []
+                for cfg in candidate_configs(m, n, k, bits, group_size, exhaustive=True):
+                    calls = [lambda c=c, cfg=cfg: run_config(cfg, x, *c, None, bits, group_size) for c in copies]
+                    try:
+                        calls[0]()
+                        timings.append((time_graph(calls, replays=5), cfg))
+                    except Exception as e:  # shared memory overflow etc.
+                        log(f"  skip {cfg}: {type(e).__name__}")
+                timings.sort(key=lambda t: t[0])
+                best_all[key] = timings[0][1]
+                _memory[key] = timings[0][1]
+                log(f"{key}: {timings[0][0]:.1f} us {timings[0][1]} (next {timings[1][0] if len(timings) > 1 else float('nan'):.1f} us)")
+            del copies
+            torch.cuda.empty_cache()
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+        old.update(best_all)
+        cache_file.write_text(json.dumps(old, indent=1, sort_keys=True))
+    return best_all
+
