@@ -29,7 +29,7 @@ def _wna16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
     M, N, K, KB, G, stride_xm, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -39,8 +39,7 @@ def _wna16_gemv_kernel(
     rn = offs_n % N
     k_start = pid_k * K_PER_SPLIT
     x_row = x_ptr + m * stride_xm
-    # 4-bit: a tile is BLOCK_K // 2 bytes per weight row; both nibbles accumulate into one acc2d
-    WIDTH: tl.constexpr = BLOCK_K // 2 if BITS == 4 else BLOCK_K
+    # WIDTH = bytes per weight row per tile (BLOCK_K // 2 for 4-bit: both nibbles go to one acc2d)
     offs_j = tl.arange(0, WIDTH)
 
     if GROUP == -1:
@@ -112,7 +111,7 @@ def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
         x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
         m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        SPLIT_K=split_k, EVEN_K=even_k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+        SPLIT_K=split_k, EVEN_K=even_k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, WIDTH=block_k // 2 if bits == 4 else block_k,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
     if split_k > 1:

@@ -105,6 +105,9 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                     except Exception as e:  # shared memory overflow etc.
                         log(f"  skip {cfg}: {type(e).__name__}")
                 timings.sort(key=lambda t: t[0])
+                if not timings:
+                    log(f"{key}: no candidate ran")
+                    continue
                 best_all[key] = timings[0][1]
                 _memory[key] = timings[0][1]
                 log(f"{key}: {timings[0][0]:.1f} us {timings[0][1]} (next {timings[1][0] if len(timings) > 1 else float('nan'):.1f} us)")
