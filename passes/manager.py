@@ -42,7 +42,7 @@ class PassConfig:
     fuse_act_quant: bool = True  # silu(gate) * up -> quant
     hf_rms_norm: bool = True  # second tier: the HF LlamaRMSNorm decomposition (exactly qfuse's math)
     # F.rms_norm / nn.RMSNorm multiply the weight in fp32 and round once; the fused op
-    # rounds like HF (before the weight multiply): int8 codes may move by 1. Opt-in.
+    # rounds like HF (before the weight multiply): int8 codes may move by up to 2. Opt-in.
     torch_rms_norm: bool = False
 
 

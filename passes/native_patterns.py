@@ -42,6 +42,22 @@ def _silu(gate):
     return F.silu(gate)
 
 
+def _functional_inplace(graph) -> None:
+    """make_fx does not functionalize: a composite that updates a temporary in place
+    (``F.rms_norm``'s ``add_``) traces as ``aten.add_``, while the compiled graph holds
+    ``aten.add``. Swap in the functional overload where the mutated input is a temporary
+    nobody else reads (always so in these traces; anything else raises)."""
+    for n in graph.nodes:
+        t = n.target
+        if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+            continue
+        base = getattr(torch.ops.aten, t.overloadpacket.__name__.rstrip("_"), None)
+        mutated = n.args[0]
+        if base is None or mutated.op == "placeholder" or len(mutated.users) != 1:
+            raise RuntimeError(f"cannot make {n.format_node()} functional")
+        n.target = getattr(base, t._overloadname)
+
+
 def _trace(fn, args, argnames) -> PatternExpr:
     # Real tracing of tiny CPU tensors; keep any fake mode / tracing context of an
     # ongoing compile out of it.
@@ -50,6 +66,7 @@ def _trace(fn, args, argnames) -> PatternExpr:
 
     with unset_fake_temporarily(), tracing(None):
         gm = fwd_only(fn, args)
+    _functional_inplace(gm.graph)
     pattern = fx_to_pattern(gm, argnames=argnames, scalar_workaround={"eps": EPS_SENTINEL})
     pattern.users = MULTIPLE
     return pattern
