@@ -57,7 +57,7 @@ def _silu_and_mul_quant_cuda(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     _check(gate, up)
     from .silu_quant_kernels import silu_and_mul_quant_triton  # triton only when a GPU op runs
 
-    return silu_and_mul_quant_triton(gate, up)
+    return silu_and_mul_quant_triton(gate, up, tune=True)
 
 
 @silu_and_mul_quant.register_fake

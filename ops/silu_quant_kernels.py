@@ -17,7 +17,8 @@ fp32 bit; that moves ``h`` by one dtype ulp only when the fp32 SiLU lies within
 that bit of a rounding boundary (the tests measure how often).
 
 Rows longer than ``MAX_ROW_BLOCK`` are walked twice in chunks (amax, then quantize),
-recomputing ``h`` in the second pass.
+recomputing ``h`` in the second pass; the CUDA op may also pick that walk for shorter
+rows (``quant_candidates``: the codes do not depend on the config).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8, to_act_dtype
+from ._autotune import m_bucket, pick_config
 from .int8_quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
 
@@ -76,7 +78,31 @@ def _silu_and_mul_kernel(
             tl.store(out_ptr + base + idx, _silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET), mask=mask)
 
 
-def _launch(gate: torch.Tensor, up: torch.Tensor, quant: bool, max_row_block: int):
+def quant_candidates(h: int) -> list[dict]:
+    """Configs for the fused kernel. Its result does not depend on the config (no float
+    reduction precedes the quantization: max is exact), so it is tuned per M bucket:
+    the register-resident row (best at small M), the same with twice the warps, and a
+    two-pass chunked walk with few registers, many programs per SM and the second pass
+    served from L2 (a candidate for large M)."""
+    first = row_config(h)
+    cands = [first]
+    if first["SINGLE"] and first["num_warps"] < 32 and first["BLOCK"] >= 2048:
+        cands.append({**first, "num_warps": first["num_warps"] * 2})
+    if h > 2048:
+        cands.append({"BLOCK": 2048, "SINGLE": False, "num_warps": 4})
+    return cands
+
+
+def _run(gate, up, out, xq, scale, m, h, quant, cfg):
+    dummy = gate  # stands in for pointers a variant never touches
+    _silu_and_mul_kernel[(m,)](
+        gate, up, out if out is not None else dummy, xq if xq is not None else dummy,
+        scale if scale is not None else dummy, h,
+        QUANT=quant, BLOCK=cfg["BLOCK"], SINGLE=cfg["SINGLE"], INTERPRET=interpreting(), num_warps=cfg["num_warps"],
+    )  # fmt: skip
+
+
+def _launch(gate: torch.Tensor, up: torch.Tensor, quant: bool, max_row_block: int, tune: bool = False):
     gate = gate.contiguous()
     up = up.contiguous()
     h = gate.shape[-1]
@@ -86,13 +112,13 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, quant: bool, max_row_block: in
     scale = torch.empty((*gate.shape[:-1], 1), dtype=torch.float32, device=gate.device) if quant else None
     if m > 0:
         cfg = row_config(h, max_row_block)
-        dummy = gate  # stands in for pointers a variant never touches
         with device_guard(gate):
-            _silu_and_mul_kernel[(m,)](
-                gate, up, out if out is not None else dummy, xq if xq is not None else dummy,
-                scale if scale is not None else dummy, h,
-                QUANT=quant, BLOCK=cfg["BLOCK"], SINGLE=cfg["SINGLE"], INTERPRET=interpreting(), num_warps=cfg["num_warps"],
-            )  # fmt: skip
+            if tune:
+                cfg = pick_config(
+                    "silu_and_mul_quant", (m_bucket(m), h, str(gate.dtype)), quant_candidates(h),
+                    lambda c: _run(gate, up, out, xq, scale, m, h, quant, c), gate.device,
+                )  # fmt: skip
+            _run(gate, up, out, xq, scale, m, h, quant, cfg)
     return out, xq, scale
 
 
@@ -102,7 +128,9 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor, max_row_block: int
 
 
 def silu_and_mul_quant_triton(
-    gate: torch.Tensor, up: torch.Tensor, max_row_block: int = MAX_ROW_BLOCK
+    gate: torch.Tensor, up: torch.Tensor, max_row_block: int = MAX_ROW_BLOCK, tune: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _, xq, scale = _launch(gate, up, True, max_row_block)
+    """The fused kernel. ``tune=True`` (the CUDA op) picks the config per (M bucket, H, dtype)
+    with ``pick_config``; otherwise the fixed ``row_config`` (tests, interpreter)."""
+    _, xq, scale = _launch(gate, up, True, max_row_block, tune)
     return xq, scale

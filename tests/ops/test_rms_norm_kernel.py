@@ -11,6 +11,8 @@ CPU (CI) runs the launchers under the Triton interpreter; ``-m gpu`` runs the
 registered CUDA ops against the reference kernel run on the GPU.
 """
 
+import importlib
+
 import pytest
 import torch
 
@@ -104,7 +106,7 @@ def test_kernel_close_to_reference(shape, max_row_block, dtype):
 
 
 @pytest.mark.parametrize("dtype", ACT_DTYPES)
-@pytest.mark.parametrize("max_row_block", [32768, 64])
+@pytest.mark.parametrize("max_row_block", [32768, 256])
 def test_kernel_all_zero_row(dtype, max_row_block):
     x, residual, weight = _inputs((3, 200), dtype)
     x[1] = 0
@@ -133,7 +135,7 @@ def test_kernel_non_contiguous_input():
 
 
 def test_cuda_entries_check_arguments_before_any_kernel():
-    from qfuse.ops import rms_norm as mod
+    mod = importlib.import_module("qfuse.ops.rms_norm")  # the package attribute is the op, not the module
 
     x = torch.randn(2, 8).half()
     with pytest.raises(TypeError, match="weight must be float16"):
