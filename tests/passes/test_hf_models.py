@@ -1,0 +1,70 @@
+"""Tiny random-weight HF Llama / Qwen2 / Mistral, quantized W8A8 and W4A8, compiled with
+fullgraph=True: every quant after a norm or SiLU-and-mul is fused, so exactly one
+standalone quant per decoder layer remains (the one before o_proj), and the logits
+equal the unfused compile."""
+
+import copy
+
+import pytest
+import torch
+
+import qfuse
+
+from .helpers import EXACT, Before, assert_same, count_standalone_quants, run_compiled
+
+LAYERS = 2
+
+
+def tiny_hf(arch: str):
+    import transformers as tf
+
+    common = dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg, cls = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+    }[arch]
+    torch.manual_seed(0)
+    model = cls(cfg(**common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.mul_(1 + 0.1 * torch.randn_like(p))
+    return model.to(torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def base_models():
+    return {arch: tiny_hf(arch) for arch in ("llama", "qwen2", "mistral")}
+
+
+@pytest.mark.parametrize("scheme", ["W8A8", "W4A8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_decoder_has_one_standalone_quant_per_layer(base_models, arch, scheme):
+    model = qfuse.quantize_model(copy.deepcopy(base_models[arch]), scheme, progress=False)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+
+    def logits(input_ids):
+        return model(input_ids).logits
+
+    unfused = run_compiled(logits, (ids,), passes=False, options=EXACT)
+    qfuse.passes.reset_counters()
+    rec = Before()
+    fused = run_compiled(logits, (ids,), passes=False, options={**EXACT, "post_grad_custom_post_pass": rec})
+    counts = {k: v for k, v in qfuse.passes.counters.items() if v}
+
+    # per layer: q/k/v share one quant (2 removed), gate/up share one (1 removed);
+    # layer 0's input norm reads the embedding (plain rms_norm), every later norm reads a residual add.
+    assert counts == {
+        "dedup_quant": 3 * LAYERS,
+        "rms_norm_quant": 1,
+        "add_rms_norm_quant": 2 * LAYERS - 1,
+        "silu_and_mul_quant": LAYERS,
+    }
+    assert count_standalone_quants(rec.before) == 7 * LAYERS
+    assert count_standalone_quants(rec.after) == LAYERS  # the o_proj input (attention output)
+    after = rec.after.counts[0]
+    assert after.get("qfuse.rms_norm", 0) == 1  # the final norm before the bf16 lm_head
+    assert after.get("qfuse.fused_add_rms_norm_quant") == 2 * LAYERS - 1
+    assert_same(unfused, fused)
