@@ -12,18 +12,10 @@ if __name__ != "qfuse.ops":  # pragma: no cover - guard against a second import 
         "and `import qfuse.ops`."
     )
 
+# Importing the op modules registers the ops. The modules share their names with the
+# ops they define, so the ops themselves are reached as torch.ops.qfuse.<name>
+# (the module attributes stay modules: `from qfuse.ops import rms_norm` is the module).
 from . import quant_int8, rms_norm, silu_and_mul_quant, w4a8_gemm, w8a8_gemm, wna16_gemm  # noqa: E402,F401
-from .quant_int8 import quant_per_tensor_int8, quant_per_token_int8  # noqa: E402
-from .rms_norm import (  # noqa: E402
-    fused_add_rms_norm,
-    fused_add_rms_norm_quant,
-    rms_norm,
-    rms_norm_quant,
-)
-from .silu_and_mul_quant import silu_and_mul_quant  # noqa: E402
-from .w4a8_gemm import w4a8_gemm  # noqa: E402
-from .w8a8_gemm import w8a8_gemm  # noqa: E402
-from .wna16_gemm import wna16_gemm  # noqa: E402
 
 OP_NAMES = (
     "quant_per_token_int8",
