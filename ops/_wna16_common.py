@@ -25,6 +25,29 @@ def codes_minus_zero(u, zc):
 
 
 @triton.jit
+def load_codes(qw_ptr, rn, k0, K, KB, BITS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 codes ``u[rn, k0 : k0 + BLOCK_K]`` as ``[BLOCK_N, BLOCK_K]`` (0 past K).
+
+    4-bit: ``BLOCK_K / 2`` contiguous bytes per row (vector loads), nibbles interleaved in
+    registers: ``join(low, high)`` puts k = 2j, 2j + 1 side by side, the reshape merges them."""
+    if BITS == 4:
+        offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        ptrs = qw_ptr + rn[:, None] * KB + offs_j[None, :]
+        if EVEN_K:
+            b = tl.load(ptrs, eviction_policy="evict_first").to(tl.int32)
+        else:
+            b = tl.load(ptrs, mask=(offs_j < KB)[None, :], other=0).to(tl.int32)
+        return tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        ptrs = qw_ptr + rn[:, None] * KB + offs_k[None, :]
+        if EVEN_K:
+            return tl.load(ptrs, eviction_policy="evict_first").to(tl.int32)
+        else:
+            return tl.load(ptrs, mask=(offs_k < K)[None, :], other=0).to(tl.int32)
+
+
+@triton.jit
 def mma(a, b, acc, DOT_F32: tl.constexpr):
     """``acc + a @ b``. DOT_F32 (the CPU interpreter only, which multiplies bf16 dot operands
     as their raw uint16 bits in triton 3.7): upcast the operands first, exactly."""
@@ -66,26 +89,23 @@ def splitk_reduce(ws: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
 
 
 @triton.jit
-def _dequant_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, G, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """w[n, k] = dtype(float32(u - z) * float32(s)) for a [BLOCK_N, BLOCK_K] tile (bit-exact with the reference)."""
+def _dequant_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, K, KB, G, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """w[n, k] = dtype(float32(u - z) * float32(s)) for a [BLOCK_N, BLOCK_K] tile (bit-exact with
+    the reference); BLOCK_K <= GROUP, so one scale per row per tile."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    if BITS == 4:
-        b = tl.load(qw_ptr + offs_n[:, None] * (K // 2) + offs_k[None, :] // 2, mask=mask, other=0).to(tl.int32)
-        u = (b >> ((offs_k[None, :] % 2) * 4)) & 15
+    k0 = tl.program_id(1) * BLOCK_K
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    rn = offs_n % N
+    u = load_codes(qw_ptr, rn, k0, K, KB, BITS, EVEN_K, BLOCK_N, BLOCK_K)
+    if GROUP == -1:
+        soffs = rn * G
     else:
-        u = tl.load(qw_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mask, other=0).to(tl.int32)
-    if GROUP > 0:
-        soffs = offs_n[:, None] * G + offs_k[None, :] // GROUP
-    else:  # per-channel: one scale per row
-        soffs = offs_n[:, None] * G + offs_k[None, :] * 0
-    s = tl.load(s_ptr + soffs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_ZEROS:
-        zc = tl.load(z_ptr + soffs, mask=mask, other=0).to(tl.float32) + 8388608.0
-    else:
-        zc = 8388608.0 + (1 << (BITS - 1))
-    w = codes_minus_zero(u, zc) * s
+        soffs = rn * G + k0 // GROUP
+    zc = zero_plus_magic(z_ptr, soffs, HAS_ZEROS, BITS)
+    s = tl.load(s_ptr + soffs).to(tl.float32)
+    w = codes_minus_zero(u, zc[:, None]) * s[:, None]
+    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]
     tl.store(w_ptr + offs_n[:, None] * K + offs_k[None, :], w.to(w_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
 
@@ -94,7 +114,8 @@ def dequantize_triton(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bit
     n = qweight.shape[0]
     k = qweight.shape[1] * 8 // bits
     w = torch.empty((n, k), dtype=dtype, device=qweight.device)
-    bn, bk = 32, 128
+    bn, bk = 32, 128 if group_size == -1 else min(128, group_size)
     grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
-    _dequant_kernel[grid](qweight, scales, zeros if zeros is not None else qweight, w, n, k, scales.shape[1], BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+    _dequant_kernel[grid](qweight, scales, zeros if zeros is not None else qweight, w, n, k, qweight.shape[1], scales.shape[1],
+                          BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, EVEN_K=k % bk == 0, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)  # fmt: skip
     return w

@@ -51,16 +51,18 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
     gk = group_size if group_size > 0 else 256  # BLOCK_K never spans two groups
     cands: list[dict] = []
     if mb <= 4:
-        for bn in (16, 32) if not exhaustive else (16, 32, 64):
-            bk = min(256, gk)
-            for split in sorted({1, _split_for(_cdiv(n, bn), k, bk, sms)} | ({2, 4} if exhaustive else set())):
-                cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4, "num_stages": 2})
+        bk = min(256, gk)
+        for bn in (64, 32):
+            split = _split_for(_cdiv(n, bn), k, bk, sms)
+            for sp in sorted({1, split} | ({2 * split} if exhaustive else set()), reverse=True):
+                for warps in (4, 8) if exhaustive else (4,):
+                    cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "num_warps": warps, "num_stages": 2})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):
             for bk in sorted({min(128, gk), min(256, gk)}):
                 split = _split_for(_cdiv(m, bm) * _cdiv(n, bn), k, bk, sms)
-                for sp in sorted({split, 1} | ({2 * split} if exhaustive else set())):
+                for sp in sorted({split, 1} | ({2 * split} if exhaustive else set()), reverse=True):
                     for stages in (3, 4) if exhaustive else (3,):
                         cands.append({"kernel": "tiled", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp,
                                       "SCALE_AFTER_DOT": bm < bk, "GROUP_M": 8, "num_warps": 4, "num_stages": stages})

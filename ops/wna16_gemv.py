@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, splitk_reduce, zero_plus_magic
+from ._wna16_common import codes_minus_zero, load_codes, splitk_reduce, zero_plus_magic
 from .wna16_tiled import split_k_slices
 
 
@@ -29,7 +29,7 @@ def _wna16_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
     M, N, K, KB, G, stride_xm, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDTH: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -39,49 +39,25 @@ def _wna16_gemv_kernel(
     rn = offs_n % N
     k_start = pid_k * K_PER_SPLIT
     x_row = x_ptr + m * stride_xm
-    # WIDTH = bytes per weight row per tile (BLOCK_K // 2 for 4-bit: both nibbles go to one acc2d)
-    offs_j = tl.arange(0, WIDTH)
 
     if GROUP == -1:
         zc = zero_plus_magic(z_ptr, rn * G, HAS_ZEROS, BITS)
-    acc = tl.zeros((BLOCK_N, WIDTH), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:
             g = tl.minimum(k0 // GROUP, G - 1)
             zc = zero_plus_magic(z_ptr, rn * G + g, HAS_ZEROS, BITS)
             s = tl.load(s_ptr + rn * G + g).to(tl.float32)
-        if BITS == 4:
-            w_ptrs = qw_ptr + rn[:, None] * KB + (k0 // 2 + offs_j)[None, :]
-            if EVEN_K:
-                xe = tl.load(x_row + k0 + 2 * offs_j, eviction_policy="evict_last").to(tl.float32)
-                xo = tl.load(x_row + k0 + 2 * offs_j + 1, eviction_policy="evict_last").to(tl.float32)
-                b = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.int32)
-            else:
-                kmask = (k0 + 2 * offs_j) < K
-                xe = tl.load(x_row + k0 + 2 * offs_j, mask=kmask, other=0.0).to(tl.float32)
-                xo = tl.load(x_row + k0 + 2 * offs_j + 1, mask=kmask, other=0.0).to(tl.float32)
-                b = tl.load(w_ptrs, mask=kmask[None, :], other=0).to(tl.int32)
-            lo = codes_minus_zero(b & 15, zc[:, None])
-            hi = codes_minus_zero(b >> 4, zc[:, None])
-            if GROUP != -1:  # scale the pair sum: one multiply per byte instead of one per code
-                acc += (lo * xe[None, :] + hi * xo[None, :]) * s[:, None]
-            else:
-                acc += lo * xe[None, :] + hi * xo[None, :]
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            xt = tl.load(x_row + offs_k, eviction_policy="evict_last").to(tl.float32)
         else:
-            offs_k = k0 + offs_j
-            w_ptrs = qw_ptr + rn[:, None] * KB + offs_k[None, :]
-            if EVEN_K:
-                xt = tl.load(x_row + offs_k, eviction_policy="evict_last").to(tl.float32)
-                u = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.int32)
-            else:
-                xt = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-                u = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0).to(tl.int32)
-            w = codes_minus_zero(u, zc[:, None])
-            if GROUP != -1:
-                acc += w * xt[None, :] * s[:, None]
-            else:
-                acc += w * xt[None, :]
+            xt = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        w = codes_minus_zero(load_codes(qw_ptr, rn, k0, K, KB, BITS, EVEN_K, BLOCK_N, BLOCK_K), zc[:, None])
+        if GROUP != -1:
+            w = w * s[:, None]
+        acc += w * xt[None, :]
 
     res = tl.sum(acc, axis=1)
     if GROUP == -1:
@@ -111,7 +87,7 @@ def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
         x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
         m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        SPLIT_K=split_k, EVEN_K=even_k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, WIDTH=block_k // 2 if bits == 4 else block_k,
+        SPLIT_K=split_k, EVEN_K=even_k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
     if split_k > 1:

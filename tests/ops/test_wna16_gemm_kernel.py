@@ -183,6 +183,10 @@ def _grid_cases():
             for mi, m in enumerate(GRID_M):
                 i = si + qi + mi  # cycles dtype, zero points and bias so every pair of them meets every (bits, group)
                 cases.append((n, k, bits, g, m, ("bfloat16", "float16")[i % 2], (i // 2) % 2 == 0, (i // 4) % 2 == 0))
+    return _in_shard(cases)
+
+
+def _in_shard(cases: list) -> list:
     idx, count = _shard()
     return cases[idx::count]
 
@@ -192,8 +196,6 @@ def _shard() -> tuple[int, int]:
     idx, count = (int(v) for v in shard.split("/"))
     return idx, count
 
-
-only_in_first_shard = pytest.mark.skipif(_shard()[0] != 0, reason="runs in shard 0 of QFUSE_GPU_SHARD")
 
 
 _WEIGHTS: dict = {}
@@ -218,9 +220,7 @@ def test_gpu_grid(n, k, bits, group_size, m, dtype, asym, bias):
 
 
 @pytest.mark.gpu
-@only_in_first_shard
-@pytest.mark.parametrize("bits,group_size", [(4, 128), (4, -1), (8, -1), (8, 32)])
-@pytest.mark.parametrize("m", [1, 3, 16, 128])
+@pytest.mark.parametrize("bits,group_size,m", _in_shard([(b, g, m) for b, g in [(4, 128), (4, -1), (8, -1), (8, 32)] for m in (1, 3, 16, 128)]))
 def test_gpu_every_candidate(bits, group_size, m):
     x, qw, s, z, b = make_problem(m, 4096, 4096, bits, group_size, torch.bfloat16, True, True, device="cuda")
     for cfg in candidate_configs(m, 4096, 4096, bits, group_size):
@@ -228,16 +228,13 @@ def test_gpu_every_candidate(bits, group_size, m):
 
 
 @pytest.mark.gpu
-@only_in_first_shard
-@pytest.mark.parametrize("bits,group_size,asym", DEQUANT_CASES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits,group_size,asym,dtype", _in_shard([(*c, d) for c in DEQUANT_CASES for d in (torch.bfloat16, torch.float16)]))
 def test_gpu_dequant_kernel_bit_exact(bits, group_size, asym, dtype):
     _check_dequant(bits, group_size, asym, dtype, "cuda")
 
 
 @pytest.mark.gpu
-@only_in_first_shard
-@pytest.mark.parametrize("m", [1, 16, 512])
+@pytest.mark.parametrize("m", _in_shard([1, 16, 512]))
 def test_gpu_cuda_graph_capture(m):
     x, qw, s, z, b = make_problem(m, 4096, 4096, 4, 128, torch.bfloat16, False, True, device="cuda")
     eager = torch.ops.qfuse.wna16_gemm(x, qw, s, z, b, 4, 128)
