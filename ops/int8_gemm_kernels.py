@@ -17,16 +17,15 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   The weight, the big operand, is the MMA's M side (64/128 rows, what Hopper's
   wgmma wants) and the few decode tokens are its N side (16 is legal), so decode does
   not pad M to 64; for W4A8 the dequantized weight tile comes from registers.
-* **int4 unpack in registers, no interleave**: a tile of packed bytes
-  ``[BLOCK_N, BLOCK_K // 2]`` is loaded contiguously, ``s = int8(p ^ 0x88)`` turns both
-  nibbles into two's-complement ``u - 8``, ``lo = (s << 4) >> 4`` (the even k) and
-  ``hi = s >> 4`` (the odd k) sign-extend them, and the tile is two dots,
-  ``lo @ xq[even k]^T + hi @ xq[odd k]^T``: the same sum, reordered, so still exact.
-  (Interleaving lo/hi back with join + reshape measured 0.9 TB/s at M = 1 on the H200,
-  a register shuffle per element.) Decode reads the activation planes with stride-2
-  loads; for M > 64 the launcher splits xq into [M, 2, K // 2] planes once per call.
-  With group 128 the tile's K range lies in one group (BLOCK_K divides 128), so the
-  second-level scale is a ``[BLOCK_N]`` int8 vector: ``q * gs`` is exact in int8.
+* **int4 unpack in registers**: a tile of packed bytes ``[BLOCK_N, BLOCK_K // 2]`` is
+  loaded contiguously (16-byte vectors), ``s = int8(p ^ 0x88)`` turns both nibbles into
+  two's-complement ``u - 8``, ``lo = (s << 4) >> 4`` and ``hi = s >> 4`` sign-extend them,
+  and ``join + reshape`` interleaves them back to ``k = 2j, 2j + 1``. With group 128 the
+  tile's K range lies in one group (BLOCK_K divides 128), so the second-level scale is a
+  ``[BLOCK_N]`` int8 vector: ``w_int = q * gs`` is exact in int8 (|q * gs| <= 128).
+  Measured alternative, not kept: two dots over the nibble planes (``lo @ xq[even k]^T +
+  hi @ xq[odd k]^T``, activations split into planes for M > 64) was 3-8% slower at decode
+  and 20-30% slower at M >= 1024 on the H200 (BENCHMARKS.md, int8_gemm notes).
 * **Split-K** (SPLIT_K > 1 in the config, for decode shapes with too few output tiles for 132 SMs):
   each split adds its exact int32 partial into a zeroed int32 workspace with
   ``atomic_add``; the program that bumps the tile's counter last reads the complete
@@ -49,7 +48,7 @@ import triton.language as tl
 def _int8_gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
     M, N, K,
-    W4: tl.constexpr, GROUPED: tl.constexpr, X_DEINT: tl.constexpr,
+    W4: tl.constexpr, GROUPED: tl.constexpr,
     X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
@@ -81,59 +80,42 @@ def _int8_gemm_kernel(
     k_begin = pid_k * tiles_per_split * BLOCK_K
     k_end = tl.minimum(k_begin + tiles_per_split * BLOCK_K, K)
 
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows_m[None, :].to(tl.int64) * K + (k_begin + offs_k)[:, None]  # xq^T tile [BK, BM]
     if W4:
-        # packed byte j holds k = 2j (low nibble) and 2j + 1 (high nibble): the tile is two
-        # dots, nibble plane x matching activation plane, so nothing is interleaved in registers
-        offs_j = tl.arange(0, BLOCK_K // 2)
-        w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * (K // 2) + (k_begin // 2 + offs_j)[None, :]
-        if X_DEINT:  # xq given as [M, 2, K // 2]: even-k plane then odd-k plane, contiguous loads
-            xe_ptrs = x_ptr + rows_m[None, :].to(tl.int64) * K + (k_begin // 2 + offs_j)[:, None]
-            x_odd = K // 2
-            x_step = BLOCK_K // 2
-        else:  # xq [M, K]: stride-2 loads of a small activation tile (decode)
-            xe_ptrs = x_ptr + rows_m[None, :].to(tl.int64) * K + (k_begin + 2 * offs_j)[:, None]
-            x_odd = 1
-            x_step = BLOCK_K
+        offs_kp = tl.arange(0, BLOCK_K // 2)
+        w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * (K // 2) + (k_begin // 2 + offs_kp)[None, :]
     else:
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + rows_m[None, :].to(tl.int64) * K + (k_begin + offs_k)[:, None]  # xq^T tile [BK, BM]
         w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * K + (k_begin + offs_k)[None, :]
     if GROUPED:
         gs_rows = gs_ptr + rows_n.to(tl.int64) * (K // 128)
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     for k0 in range(k_begin, k_end, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs)
+        else:
+            xt = tl.load(x_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0)
         if W4:
             if EVEN_K:
                 p = tl.load(w_ptrs)
-                xe = tl.load(xe_ptrs)
-                xo = tl.load(xe_ptrs + x_odd)
             else:
-                in_k = (k0 // 2 + offs_j) < K // 2
-                p = tl.load(w_ptrs, mask=in_k[None, :], other=0)
-                xe = tl.load(xe_ptrs, mask=in_k[:, None], other=0)
-                xo = tl.load(xe_ptrs + x_odd, mask=in_k[:, None], other=0)
+                p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K // 2, other=0)
             s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
-            lo = (s << 4) >> 4  # sign-extended low nibble: q at even k
-            hi = s >> 4  # sign-extended high nibble: q at odd k
+            lo = (s << 4) >> 4  # sign-extended low nibble: even k
+            hi = s >> 4  # sign-extended high nibble: odd k
+            w = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
             if GROUPED:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
-                g = tl.load(gs_rows + k0 // 128)[:, None]
-                lo = lo * g  # |q * gs| <= 8 * 16 = 128: exact in int8
-                hi = hi * g
-            acc = tl.dot(lo, xe, acc, out_dtype=tl.int32)
-            acc = tl.dot(hi, xo, acc, out_dtype=tl.int32)
+                w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
             w_ptrs += BLOCK_K // 2
-            xe_ptrs += x_step
         else:
             if EVEN_K:
-                xt = tl.load(x_ptrs)
                 w = tl.load(w_ptrs)
             else:
-                xt = tl.load(x_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0)
                 w = tl.load(w_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0)
-            acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
             w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+        acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
+        x_ptrs += BLOCK_K
 
     mask = mask_n[:, None] & mask_m[None, :]
     if SPLIT:
@@ -230,7 +212,6 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list
     return [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4), _config(128, 256, 128, 1, 8, 3)]
 
 
-DEINT_MIN_M = 64  # above this M the [M, 2, K // 2] copy of xq costs < 2% of the GEMM
 _SMS: dict = {}
 
 
@@ -264,17 +245,13 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched when SPLIT_K == 1
-    x_deint = w4 and m > DEINT_MIN_M
-    if x_deint:  # even-k plane then odd-k plane per row: contiguous activation loads at large M
-        xq = xq.reshape(m, k // 2, 2).transpose(1, 2).contiguous()
-    else:
-        xq = xq.contiguous()
+    xq = xq.contiguous()
     xs = x_scale.reshape(-1).contiguous()
     _int8_gemm_kernel[(tiles, split)](
         xq, xs, w, w_scale, group_scale if group_scale is not None else w_scale,
         bias if bias is not None else w_scale, out, acc_ws, counts,
         m, n, k,
-        W4=w4, GROUPED=group_scale is not None, X_DEINT=x_deint,
+        W4=w4, GROUPED=group_scale is not None,
         X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
         W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
         HAS_BIAS=bias is not None,

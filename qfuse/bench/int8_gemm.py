@@ -32,6 +32,7 @@ from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_g
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
+OURS = ("w8a8", "w4a8_pc", "w4a8_g128")
 
 
 def _gemlite_layers(n, k, dev):
@@ -63,7 +64,7 @@ def warm_up_gpu(seconds: float = 0.5) -> None:
         torch.cuda.synchronize()
 
 
-def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True):
+def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True, our_ops=OURS):
     dev = torch.device("cuda")
     dt = torch.bfloat16
     ops = torch.ops.qfuse
@@ -133,6 +134,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                                      for w, g in zip(qw, gs)]),
         }
         for name, (op, key, group, make) in ours.items():
+            if name not in our_ops:
+                continue
             best = None
             for cfg in candidate_configs(m, n, k, group, sms):
                 try:
@@ -150,8 +153,10 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                 row[f"{name}_cfg"] = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**best[1])
                 tuned["|".join(str(v) for v in (op, device_name(dev), m_bucket(m), *key))] = best[1]
         if eager and m in (1, 16):  # launch overhead: the op's full Python path, one call
-            row["w8a8_eager_us"] = round(time_eager(lambda: ops.w8a8_gemm(xq, xs, wq[0], ws, None, dt)), 1)
-            row["w4a8_pc_eager_us"] = round(time_eager(lambda: ops.w4a8_gemm(xq, xs, qw[0], ws, None, None, -1, dt)), 1)
+            if "w8a8" in our_ops:
+                row["w8a8_eager_us"] = round(time_eager(lambda: ops.w8a8_gemm(xq, xs, wq[0], ws, None, dt)), 1)
+            if "w4a8_pc" in our_ops:
+                row["w4a8_pc_eager_us"] = round(time_eager(lambda: ops.w4a8_gemm(xq, xs, qw[0], ws, None, None, -1, dt)), 1)
         act_out = m * k + 4 * m + 2 * m * n  # int8 activations, fp32 token scales, bf16 output
         row["floor_w8a8_us"] = round((n * k + 4 * n + act_out) / bw * 1e6, 2)
         row["floor_w4a8_us"] = round((n * k // 2 + 4 * n + n * k // 128 + act_out) / bw * 1e6, 2)
@@ -188,6 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench_results/int8_gemm"), help="folder for CSV, PNG, table")
     p.add_argument("--gemlite-m", type=int, nargs="*", default=[1, 16, 4096], help="M values to time gemlite at (empty: none)")
     p.add_argument("--gemlite-budget-s", type=float, default=40.0, help="stop adding gemlite points after this long")
+    p.add_argument("--ops", nargs="+", choices=OURS, default=list(OURS), help="which qfuse kernels to time")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -207,7 +213,7 @@ def main(argv=None) -> int:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.lower().split("x"))
         log(f"{n}x{k}")
-        rows += bench_shape(n, k, args.m, bw, set(args.gemlite_m), budget, log, tuned, eager=not args.no_eager)
+        rows += bench_shape(n, k, args.m, bw, set(args.gemlite_m), budget, log, tuned, eager=not args.no_eager, our_ops=set(args.ops))
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "autotune.json").write_text(json.dumps(tuned, indent=1, sort_keys=True))

@@ -15,7 +15,7 @@ import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
 from qfuse.ops.int4_packing import pack_int4
-from qfuse.ops.int8_gemm_kernels import DEINT_MIN_M, _config, candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
 from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
 
 from .test_w8a8_gemm_kernel import SHAPES, assert_bitwise, kernel_acc
@@ -88,16 +88,6 @@ def test_odd_shapes_per_channel(m, n, k):
     args = make_w4a8(m, n, k)
     out = run_int8_gemm(*args[:5], args[5], torch.bfloat16, w4=True, config=_config(16, 32, 64, 1))
     assert_bitwise(out, w4a8_gemm_ref(*args, -1, torch.bfloat16))
-
-
-@pytest.mark.parametrize("group_size", [-1, 128])
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_large_m_reads_deinterleaved_activations(group_size, split_k):
-    """M > DEINT_MIN_M: the launcher hands the kernel xq as [M, 2, K // 2] planes."""
-    assert 80 > DEINT_MIN_M
-    xq, _, qweight, _, gs, _ = make_w4a8(80, 40, 256, group_size)
-    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=_config(32, 32, 128, split_k))
-    assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, group_size)))
 
 
 @pytest.mark.parametrize("group_size", [-1, 128])
