@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     rows = bench(args.schemes, args.shapes, args.layers, log, lambda rows: write_csv(rows, out / "decoder.csv"))
+    log(markdown(rows))
     plot_speedup(rows, out / "decoder.png", x="M", series=["speedup"], panel="scheme",
                  title=f"{args.layers} Llama-3-8B layers: passes on vs off ({torch.cuda.get_device_name()})",
                  ylabel="speedup from the passes")
-    log(markdown(rows))
     return 0
