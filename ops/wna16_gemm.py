@@ -21,6 +21,11 @@ weight rounded to the activation dtype first, as a tensor-core kernel sees it.
 A Triton kernel matches this up to float32 summation order (and, where it
 applies a group's scale after that group's partial dot, one rounding of the
 weight): tolerance stated in the tests. Output: contiguous [M, N] of x.dtype.
+
+CUDA: Triton kernels picked per M bucket (ops/wna16_dispatch.py; configs from
+``ops/tuned/wna16_gemm.<gpu>.json`` or ``$QFUSE_AUTOTUNE_CACHE``, see ops/_autotune.py).
+Any M, any N, any K that the checks above accept (even K for 4-bit, K % group_size == 0);
+no repacking per call: the kernels read this layout as is.
 """
 
 from __future__ import annotations
