@@ -5,11 +5,27 @@
     model = torch.compile(model)
 """
 
-from . import ops  # registers torch.ops.qfuse.*
-from .linear import QuantLinear
-from .norm import RMSNorm
-from .quantize_model import quantize_model
-from .schemes import SCHEMES, Scheme, get_scheme
+from pathlib import Path as _Path
+
+
+def _map_source_subpackages() -> None:
+    """In a source checkout imported without an editable install (the repository root
+    on sys.path ahead of site-packages, as with `PYTHONPATH=.` or `python -m pytest`
+    from the root), let qfuse.ops and qfuse.passes resolve to ../ops and ../passes,
+    as the pyproject package-dir mapping does for installs."""
+    here = _Path(__file__).resolve().parent
+    root = here.parent
+    if not (here / "ops").is_dir() and (root / "ops" / "__init__.py").is_file() and (root / "pyproject.toml").is_file():
+        __path__.append(str(root))
+
+
+_map_source_subpackages()
+
+from . import ops  # noqa: E402  (registers torch.ops.qfuse.*)
+from .linear import QuantLinear  # noqa: E402
+from .norm import RMSNorm  # noqa: E402
+from .quantize_model import quantize_model  # noqa: E402
+from .schemes import SCHEMES, Scheme, get_scheme  # noqa: E402
 
 __all__ = ["QuantLinear", "RMSNorm", "SCHEMES", "Scheme", "get_scheme", "ops", "quantize_model"]
 __version__ = "0.1.0"
