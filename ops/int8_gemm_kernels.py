@@ -47,8 +47,8 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["M"])  # M = 1 would otherwise compile its own copy of every config
 def _int8_gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
-    M, N, K,
-    W4: tl.constexpr, GROUPED: tl.constexpr,
+    M, N, K, K_HALF,
+    W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
     X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
@@ -84,7 +84,11 @@ def _int8_gemm_kernel(
     x_ptrs = x_ptr + rows_m[None, :].to(tl.int64) * K + (k_begin + offs_k)[:, None]  # xq^T tile [BK, BM]
     if W4:
         offs_kp = tl.arange(0, BLOCK_K // 2)
-        w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * (K // 2) + (k_begin // 2 + offs_kp)[None, :]
+        # ``K_HALF`` is its own argument (not ``K // 2``) and the K offset is a product of
+        # BLOCK_K // 2, so Triton sees 16-byte aligned rows and contiguous bytes and issues
+        # vector loads (``k_begin // 2`` here compiled to one ld.global.b8 per byte)
+        k_off = pid_k * tiles_per_split * (BLOCK_K // 2) + offs_kp
+        w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * K_HALF + k_off[None, :]
     else:
         w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * K + (k_begin + offs_k)[None, :]
     if GROUPED:
@@ -100,10 +104,14 @@ def _int8_gemm_kernel(
             if EVEN_K:
                 p = tl.load(w_ptrs)
             else:
-                p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K // 2, other=0)
-            s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
-            lo = (s << 4) >> 4  # sign-extended low nibble: even k
-            hi = s >> 4  # sign-extended high nibble: odd k
+                p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K_HALF, other=0)
+            if UNPACK_ASM:
+                lo = _nibbles_minus_8(p, 0)
+                hi = _nibbles_minus_8(p, 4)
+            else:
+                s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
+                lo = (s << 4) >> 4  # sign-extended low nibble: even k
+                hi = s >> 4  # sign-extended high nibble: odd k
             w = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
             if GROUPED:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
                 w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
@@ -132,6 +140,25 @@ def _int8_gemm_kernel(
     else:
         _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
                   X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit
+def _nibbles_minus_8(p, SHIFT: tl.constexpr):
+    """``int8(((p >> SHIFT) & 15) - 8)`` for uint8 ``p``, four bytes per 32-bit register (GPU only).
+
+    Per byte, u in [0, 15]: ``(u + 0x78) ^ 0x80`` is ``u - 8`` in two's complement, and
+    ``u + 0x78 <= 0x87`` never carries into the next byte, so one and/add/xor (plus a
+    shift) handles four codes: 4 instructions instead of ~4 per code with int8 ops.
+    """
+    if SHIFT == 0:
+        q = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
+            "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        q = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
+            "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+    return q
 
 
 @triton.jit
@@ -173,9 +200,9 @@ def _bf16_rne(y):
 
 # ---------------------------------------------------------------- launcher and configs
 
-def _config(bm, bn, bk, split_k=1, warps=4, stages=4, group_n=8):
+def _config(bm, bn, bk, split_k=1, warps=4, stages=4, group_n=8, unpack_asm=0):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split_k,
-            "GROUP_N": group_n, "num_warps": warps, "num_stages": stages}
+            "GROUP_N": group_n, "num_warps": warps, "num_stages": stages, "UNPACK_ASM": unpack_asm}
 
 
 def _split_for(m, n, k, bm, bn, bk, sms):
@@ -187,7 +214,14 @@ def _split_for(m, n, k, bm, bn, bk, sms):
     return split
 
 
-def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
+def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm: bool = False) -> list[dict]:
+    """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
+    the inline-PTX nibble unpack (which the Triton interpreter cannot run)."""
+    base = _tile_configs(m, n, k, group_size, sms)
+    return base + [dict(c, UNPACK_ASM=1) for c in base] if w4_asm else base
+
+
+def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
     """Configs to try for one problem, heuristic choice first (used when tuning is off).
 
     Token tile BLOCK_M by M; weight tile BLOCK_N x BLOCK_K sized for wgmma (64/128 rows);
@@ -239,6 +273,7 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     cfg = dict(config)
     bm, bn, bk, split = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     group_n, warps, stages = cfg.pop("GROUP_N"), cfg.pop("num_warps"), cfg.pop("num_stages")
+    unpack_asm = bool(cfg.pop("UNPACK_ASM", 0)) and w4
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         buf = torch.zeros(m * n + tiles, dtype=torch.int32, device=xq.device)  # partial sums + arrival counters
@@ -250,8 +285,8 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     _int8_gemm_kernel[(tiles, split)](
         xq, xs, w, w_scale, group_scale if group_scale is not None else w_scale,
         bias if bias is not None else w_scale, out, acc_ws, counts,
-        m, n, k,
-        W4=w4, GROUPED=group_scale is not None,
+        m, n, k, k // 2,
+        W4=w4, GROUPED=group_scale is not None, UNPACK_ASM=unpack_asm,
         X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
         W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
         HAS_BIAS=bias is not None,
@@ -269,7 +304,7 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     m, k = xq.shape
     n = w.shape[0]
     key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
-    cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device))
+    cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and xq.device.type == "cuda")
     cfg = pick_config(op, key, cands,
                       lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
                       xq.device)

@@ -71,7 +71,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
     from qfuse.ops._autotune import device_name, m_bucket
     from qfuse.ops.int4_packing import pack_int4
     from qfuse.ops.int8_gemm_kernels import candidate_configs, run_int8_gemm
-    from qfuse.ops.w8a8_gemm import scale_epilogue
+    from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
+    from qfuse.ops.w8a8_gemm import scale_epilogue, w8a8_gemm_ref
 
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     warm_up_gpu()
@@ -125,22 +126,26 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
         # qfuse kernels: every candidate config, timed the same way; the fastest is the
         # reported figure and the config shipped in ops/tuned/ for this (M bucket, N, K)
         ours = {
-            "w8a8": ("w8a8_gemm", (n, k), -1,
+            "w8a8": ("w8a8_gemm", (n, k), -1, lambda: w8a8_gemm_ref(xq, xs, wq[0], ws, None, dt),
                      lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=False, config=c) for w in wq]),
-            "w4a8_pc": ("w4a8_gemm", (n, k, -1), -1,
+            "w4a8_pc": ("w4a8_gemm", (n, k, -1), -1, lambda: w4a8_gemm_ref(xq, xs, qw[0], ws, None, None, -1, dt),
                         lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=True, config=c) for w in qw]),
-            "w4a8_g128": ("w4a8_gemm", (n, k, 128), 128,
+            "w4a8_g128": ("w4a8_gemm", (n, k, 128), 128, lambda: w4a8_gemm_ref(xq, xs, qw[0], ws, gs[0], None, 128, dt),
                           lambda c: [lambda w=w, g=g: run_int8_gemm(xq, xs, w, ws, g, None, dt, w4=True, config=c)
                                      for w, g in zip(qw, gs)]),
         }
-        for name, (op, key, group, make) in ours.items():
+        expected = None
+        for name, (op, key, group, reference, make) in ours.items():
             if name not in our_ops:
                 continue
             best = None
-            for cfg in candidate_configs(m, n, k, group, sms):
+            expected = reference()
+            for cfg in candidate_configs(m, n, k, group, sms, w4_asm=name != "w8a8"):
                 try:
                     cs = make(cfg)
-                    cs[0]()
+                    if not torch.equal(cs[0](), expected):  # a config is only a candidate if it is right
+                        log(f"  {name} M={m} {cfg}: MISMATCH against the reference, skipped")
+                        continue
                     torch.cuda.synchronize()
                     us = time_graph(cs, replays=10)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
@@ -150,7 +155,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                     best = (us, cfg)
             if best is not None:
                 row[f"{name}_us"] = round(best[0], 2)
-                row[f"{name}_cfg"] = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**best[1])
+                row[f"{name}_cfg"] = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**best[1]) + (
+                    "/asm" if best[1].get("UNPACK_ASM") else "")
                 tuned["|".join(str(v) for v in (op, device_name(dev), m_bucket(m), *key))] = best[1]
         if eager and m in (1, 16):  # launch overhead: the op's full Python path, one call
             if "w8a8" in our_ops:
@@ -170,7 +176,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
             row["g128_over_pc"] = round(row["w4a8_pc_us"] / row["w4a8_g128_us"], 3)
         log("  " + "  ".join(f"{k_}={v}" for k_, v in row.items() if k_ not in ("N", "K", "shape")))
         rows.append(row)
-        del calls, ours
+        del calls, ours, expected
     return rows
 
 

@@ -143,12 +143,13 @@ def test_gpu_fake_quant(m, group_size, out_dtype, no_tuning):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_size", [-1, 128])
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 16, 2048])
 def test_gpu_every_candidate(m, group_size):
     n, k = 4096, 14336
     args = make_w4a8(m, n, k, group_size, device="cuda", bias=False)
     ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
-    for cfg in candidate_configs(m, n, k, group_size, torch.cuda.get_device_properties(0).multi_processor_count):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cfg in candidate_configs(m, n, k, group_size, sms, w4_asm=True):  # the inline-PTX unpack runs here only
         assert_bitwise(run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg), ref)
 
 
