@@ -162,3 +162,21 @@ def test_gpu_rejects_bad_input():
         torch.ops.qfuse.w8a8_gemm(xq, xs, wq[:, :64], ws, b, torch.bfloat16)
     with pytest.raises(ValueError):
         torch.ops.qfuse.w8a8_gemm(xq, xs[:2], wq, ws, b, torch.bfloat16)
+
+
+@pytest.mark.parametrize("op", ["w8a8_gemm", "w4a8_gemm"])
+def test_shipped_configs_are_candidates(op):
+    """Every shipped H200 config is in the candidate space of its key (no stale or hand-typo'd entry)."""
+    import json
+    from pathlib import Path
+
+    import qfuse.ops
+
+    path = Path(qfuse.ops.__file__).with_name("tuned") / f"{op}.NVIDIA_H200.json"
+    table = json.loads(path.read_text())
+    assert table
+    for key, cfg in table.items():
+        name, gpu, mb, n, k, *gs = key.split("|")
+        assert name == op and gpu == "NVIDIA_H200"
+        cands = candidate_configs(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4_asm=op == "w4a8_gemm")
+        assert any(dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0)) == cfg for c in cands), key
