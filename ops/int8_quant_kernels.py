@@ -35,7 +35,7 @@ def row_config(h: int, max_row_block: int = MAX_ROW_BLOCK) -> dict:
 
     ``max_row_block`` exists for tests: a small value forces the chunked path at small ``h``.
     """
-    block = next_power_of_2(h)
+    block = max(16, next_power_of_2(h))  # >= 16: the norm kernels tile a chunk as [BLOCK // 8, 8]
     single = block <= max_row_block
     if not single:
         block = min(LOOP_BLOCK, max(16, max_row_block // 4))

@@ -40,10 +40,36 @@ import triton.language as tl
 from ._exact_triton import div_rn, interpreting, per_token_scale, quantize_int8, to_act_dtype
 from .int8_quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
+# Every kernel views a row chunk as a [BLOCK // 8, 8] tile. Why: the float sum of
+# squares is grouped by how Triton lays the tile out over threads, and Triton picks
+# that layout from the memory ops. A 1-D row let the int8 store of the fused kernel
+# (16 codes = 16 bytes a thread) change the grouping from the unfused kernel's
+# (8 halves = 16 bytes a thread), and fused != unfused in ~1e-3 of the rows on the
+# H200. With an inner dimension of 8, every load and store (16-bit: 16 bytes, int8:
+# 8 bytes) asks for the same 8-wide vector, so all four variants compile to the same
+# layout and summation order (checked in the TTGIR of each variant, triton 3.7.1,
+# sm_90; the GPU tests check the result). FMA contraction is switched off for these
+# kernels (``enable_fp_fusion=False``) so that whether ``acc + x*x`` becomes an fma
+# cannot differ between variants either; it only touches the sum (no other step
+# multiplies and adds).
+VEC: tl.constexpr = tl.constexpr(8)
+
+
+@triton.jit
+def _row_tile(BLOCK: tl.constexpr):
+    """Offsets of a [BLOCK // 8, 8] tile of one row chunk (see ``VEC``)."""
+    return tl.arange(0, BLOCK // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+
+
+@triton.jit
+def _sum_squares(sf):
+    """Sum of squares of a [BLOCK // 8, 8] tile: each group of 8 first, then the groups."""
+    return tl.sum(tl.sum(sf * sf, axis=1), axis=0)
+
 
 @triton.jit
 def _load_s(x_ptr, res_ptr, idx, mask, HAS_RESIDUAL: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """The row values to normalize, as float32: x, or dtype(x + residual)."""
+    """The row values to normalize: x, or dtype(x + residual)."""
     xv = tl.load(x_ptr + idx, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         rv = tl.load(res_ptr + idx, mask=mask, other=0.0)
@@ -66,24 +92,24 @@ def _rms_norm_kernel(
 ):  # fmt: skip
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     base = tl.program_id(0).to(tl.int64) * H
-    offs = tl.arange(0, BLOCK)
+    offs = _row_tile(BLOCK)
     if SINGLE:
         mask = offs < H
         s = _load_s(x_ptr + base, res_ptr + base, offs, mask, HAS_RESIDUAL, DTYPE, INTERPRET)
         if HAS_RESIDUAL:
             tl.store(res_out_ptr + base + offs, s, mask=mask)
         sf = s.to(tl.float32)
-        inv = tl.math.rsqrt(div_rn(tl.sum(sf * sf, axis=0), H_f32) + eps)
+        inv = tl.math.rsqrt(div_rn(_sum_squares(sf), H_f32) + eps)
         o = _normalize(sf, inv, w_ptr, offs, mask, DTYPE, INTERPRET)
         if QUANT:
             of = o.to(tl.float32)
-            scale = per_token_scale(tl.max(tl.abs(of), axis=0))
+            scale = per_token_scale(tl.max(tl.max(tl.abs(of), axis=1), axis=0))
             tl.store(q_ptr + base + offs, quantize_int8(of, scale, INTERPRET), mask=mask)
             tl.store(scale_ptr + tl.program_id(0), scale)
         else:
             tl.store(out_ptr + base + offs, o, mask=mask)
     else:
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        acc = tl.zeros([BLOCK // VEC], dtype=tl.float32)
         for start in range(0, H, BLOCK):
             idx = start + offs
             mask = idx < H
@@ -91,17 +117,17 @@ def _rms_norm_kernel(
             if HAS_RESIDUAL:
                 tl.store(res_out_ptr + base + idx, s, mask=mask)
             sf = s.to(tl.float32)
-            acc += sf * sf
+            acc += tl.sum(sf * sf, axis=1)
         inv = tl.math.rsqrt(div_rn(tl.sum(acc, axis=0), H_f32) + eps)
         if QUANT:
-            amax = tl.zeros([BLOCK], dtype=tl.float32)
+            amax = tl.zeros([BLOCK // VEC, VEC], dtype=tl.float32)
             for start in range(0, H, BLOCK):
                 idx = start + offs
                 mask = idx < H
                 sf = _load_s(x_ptr + base, res_ptr + base, idx, mask, HAS_RESIDUAL, DTYPE, INTERPRET).to(tl.float32)
                 o = _normalize(sf, inv, w_ptr, idx, mask, DTYPE, INTERPRET)
                 amax = tl.maximum(amax, tl.abs(o.to(tl.float32)))
-            scale = per_token_scale(tl.max(amax, axis=0))
+            scale = per_token_scale(tl.max(tl.max(amax, axis=1), axis=0))
             for start in range(0, H, BLOCK):
                 idx = start + offs
                 mask = idx < H
@@ -139,6 +165,7 @@ def _launch(x, residual, weight, eps, quant: bool, max_row_block: int):
                 h, float(h), float(eps),
                 HAS_RESIDUAL=residual is not None, QUANT=quant, BLOCK=cfg["BLOCK"], SINGLE=cfg["SINGLE"],
                 INTERPRET=interpreting(), num_warps=cfg["num_warps"],
+                enable_fp_fusion=False,  # no fmul+fadd -> fma contraction: the sum's rounding is fixed by the IR alone
             )  # fmt: skip
     return out, res_out, xq, scale
 

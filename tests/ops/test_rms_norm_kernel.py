@@ -11,7 +11,12 @@ CPU (CI) runs the launchers under the Triton interpreter; ``-m gpu`` runs the
 registered CUDA ops against the reference kernel run on the GPU.
 """
 
+import hashlib
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,9 +31,13 @@ from qfuse.ops.norm_quant_kernels import (
 from qfuse.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from tests.helpers import ACT_DTYPES
 
-# Measured share of outputs one ulp off the reference: 0 on CPU in these cases; the
-# bound leaves room for the rounding-boundary cases a different sum order can hit.
-MAX_ULP_MISMATCH_FRACTION = 1e-3
+# Against the plain-torch reference (another summation order): an output is off by at
+# most 2 ulps of its dtype, and few are off at all. Why 2: a last-bit change of the
+# fp32 rsqrt can move the intermediate dtype(x * rsqrt) by one ulp, and multiplying
+# by the weight and rounding again can turn that into 2 (seen on the H200: max 2 ulps,
+# 804 of 14.7M fp16 outputs at H=14336, 0 to 344 of 4.2M-14.7M bf16 outputs).
+MAX_ULPS = 2
+MAX_MISMATCH_FRACTION = 1e-3
 
 CPU_CASES = [
     ((1, 64), 32768),
@@ -51,12 +60,12 @@ def _ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordered(a) - ordered(b)).abs()
 
 
-def assert_within_one_ulp(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+def assert_within_ulps(out: torch.Tensor, ref: torch.Tensor, what: str, max_ulps: int = MAX_ULPS) -> None:
     assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
     d = _ulp_diff(out, ref)
-    assert d.max() <= 1, f"{what}: {d.max().item()} ulps off"
+    assert d.max() <= max_ulps, f"{what}: {d.max().item()} ulps off"
     frac = (d > 0).float().mean().item()
-    assert frac <= MAX_ULP_MISMATCH_FRACTION, f"{what}: {frac:.2e} of the outputs differ by one ulp"
+    assert frac <= MAX_MISMATCH_FRACTION, f"{what}: {frac:.2e} of the outputs differ"
 
 
 def assert_codes_close(q, s, qr, sr, what: str) -> None:
@@ -94,11 +103,11 @@ def test_kernel_fused_equals_unfused_composition(shape, max_row_block, dtype):
 def test_kernel_close_to_reference(shape, max_row_block, dtype):
     x, residual, weight = _inputs(shape, dtype)
     eps = 1e-5
-    assert_within_one_ulp(rms_norm_triton(x, weight, eps, max_row_block), rms_norm_ref(x, weight, eps), "rms_norm")
+    assert_within_ulps(rms_norm_triton(x, weight, eps, max_row_block), rms_norm_ref(x, weight, eps), "rms_norm")
     out, res = fused_add_rms_norm_triton(x, residual, weight, eps, max_row_block)
     out_ref, res_ref = fused_add_rms_norm_ref(x, residual, weight, eps)
     assert torch.equal(res, res_ref), "residual_out is an elementwise add: it must be exact"
-    assert_within_one_ulp(out, out_ref, "fused_add_rms_norm")
+    assert_within_ulps(out, out_ref, "fused_add_rms_norm")
     q, s, res_q = fused_add_rms_norm_quant_triton(x, residual, weight, eps, max_row_block)
     qr, sr = quant_per_token_int8_triton(out_ref)  # quantizing is exact (test_quant_int8_kernel)
     assert torch.equal(res_q, res_ref)
@@ -131,7 +140,7 @@ def test_kernel_residual_add_rounds_like_torch():
 def test_kernel_non_contiguous_input():
     x = torch.randn(64, 24).bfloat16().t()
     weight = torch.rand(64).bfloat16() + 0.5
-    assert_within_one_ulp(rms_norm_triton(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6), "rms_norm")
+    assert_within_ulps(rms_norm_triton(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6), "rms_norm")
 
 
 def test_cuda_entries_check_arguments_before_any_kernel():
@@ -144,6 +153,103 @@ def test_cuda_entries_check_arguments_before_any_kernel():
         mod._fused_add_rms_norm_quant_cuda(x, x, torch.ones(8).half(), 0.0)
     with pytest.raises(ValueError, match="residual must have shape"):
         mod._fused_add_rms_norm_cuda(x, x[:1], torch.ones(8).half(), 1e-6)
+
+
+# ------------------------------------------- summation order, from the compiled kernels
+# The bit-for-bit claim rests on the four kernel variants taking the sum of squares in
+# the same order. That order is fixed by Triton's layout choice, which a 1-D row let
+# the int8 store of the fused kernels change (fused != unfused on the H200). This test
+# compiles each variant for sm_90 on the CPU (Triton ships ptxas) and compares the
+# dataflow of the rsqrt argument in the PTX: registers expanded to the instructions
+# that produce them, shared-memory loads to every earlier shared store.
+
+
+def _compile_norm_ptx(residual: bool, quant: bool, h: int, dtype: str) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from qfuse.ops.int8_quant_kernels import row_config
+    from qfuse.ops.norm_quant_kernels import _rms_norm_kernel
+
+    cfg = row_config(h)
+    consts = {"HAS_RESIDUAL": residual, "QUANT": quant, "BLOCK": cfg["BLOCK"], "SINGLE": cfg["SINGLE"], "INTERPRET": False}
+    sig = {"x_ptr": f"*{dtype}", "res_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "res_out_ptr": f"*{dtype}",
+           "q_ptr": "*i8", "scale_ptr": "*fp32", "H": "i32", "H_f32": "fp32", "eps": "fp32", **{k: "constexpr" for k in consts}}  # fmt: skip
+    aligned = list(range(7)) + ([7] if h % 16 == 0 else [])  # what the launcher's specialization sees
+    src = ASTSource(fn=_rms_norm_kernel, signature=sig, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    opts = {"num_warps": cfg["num_warps"], "enable_fp_fusion": False}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+
+def _rsqrt_dataflow(ptx: str) -> str:
+    import re
+
+    defs, smem_stores, lines = {}, [], [ln.split("//")[0].strip().rstrip(";") for ln in ptx.splitlines()]
+    for idx, ln in enumerate(lines):
+        ln = re.sub(r"^@!?%p\d+\s+", "P ", ln)
+        pred = ln.startswith("P ")
+        parts = ln[2:].split(None, 1) if pred else ln.split(None, 1)
+        if len(parts) < 2 or parts[0].startswith(".") or ln.endswith(":"):
+            continue
+        op, args = parts
+        if op.startswith("st.shared"):
+            addr, val = re.match(r"\[([^\]]*)\],\s*(.*)", args).groups()
+            smem_stores.append((idx, addr.split("+")[0], val))
+            continue
+        vec = re.match(r"\{([^}]*)\},\s*(.*)", args)
+        if vec:
+            dsts, srcs = [d.strip() for d in vec.group(1).split(",")], [x.strip() for x in re.split(r",(?![^\[]*\])", vec.group(2))]
+        else:
+            toks = [t.strip() for t in re.split(r",(?![^\[{]*[\]}])", args)]
+            dsts, srcs = toks[:1], toks[1:]
+        for i, d in enumerate(dsts):
+            if d.startswith("%"):  # registers only (not immediates, barriers' operands, stores' addresses)
+                defs.setdefault(d, []).append((op, srcs, f"{i}/{len(dsts)}", pred, idx))
+    memo, visiting = {}, set()
+
+    def expand(r: str) -> str:
+        r = r.strip()
+        if r.startswith("{"):
+            return "{" + ",".join(expand(x) for x in r[1:-1].split(",")) + "}"
+        if r.startswith("["):
+            return "[" + expand(r[1:-1].split("+")[0]) + "]"
+        if r in memo or r not in defs:
+            return memo.get(r, r)
+        if r in visiting:
+            return "LOOP"
+        visiting.add(r)
+        outs = []
+        for op, srcs, slot, pred, idx in defs[r]:
+            smem = ";".join(expand(a) + "<-" + expand(v) for j, a, v in smem_stores if j < idx) if op.startswith("ld.shared") else ""
+            outs.append(f"{op}[{slot}]{'@' if pred else ''}(" + ",".join(expand(x) for x in srcs) + smem + ")")
+        visiting.discard(r)
+        memo[r] = "|".join(outs)
+        if len(memo[r]) > 256:
+            memo[r] = "h" + hashlib.md5(memo[r].encode()).hexdigest()
+        return memo[r]
+
+    rsqrt = next(ln for ln in lines if "rsqrt.approx" in ln)
+    return expand(rsqrt.split(",")[-1])
+
+
+def _check_same_sum_order() -> None:
+    """Run in a process without the interpreter (needs JIT-compiled kernels)."""
+    for dtype in ("bf16", "fp16"):
+        for h in (576, 4096, 4097, 14336):
+            for residual in (False, True):
+                unfused, fused = (_rsqrt_dataflow(_compile_norm_ptx(residual, q, h, dtype)) for q in (False, True))
+                assert unfused == fused, f"sum of squares differs: {dtype} H={h} residual={residual}"
+    print("same order")
+
+
+def test_fused_and_unfused_kernels_sum_squares_in_the_same_order():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-c", "import tests.ops.test_rms_norm_kernel as t; t._check_same_sum_order()"]
+    proc = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and ("ptxas" in proc.stderr and "not found" in proc.stderr):
+        pytest.skip("this Triton cannot compile for sm_90 here")
+    assert proc.returncode == 0 and "same order" in proc.stdout, proc.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- GPU grid
@@ -164,14 +270,15 @@ def _gpu_check(m, h, dtype, eps=1e-6):
     # fused == composition of the unfused CUDA ops, bit for bit
     qc, sc = ops.quant_per_token_int8(out)
     q2c, s2c = ops.quant_per_token_int8(out2)
-    assert torch.equal(q, qc) and torch.equal(s, sc)
-    assert torch.equal(q2, q2c) and torch.equal(s2, s2c) and torch.equal(res_q, res2)
+    assert torch.equal(s, sc) and torch.equal(q, qc), f"rms_norm_quant: {(q != qc).any(-1).sum().item()} of {m} rows differ"
+    assert torch.equal(s2, s2c) and torch.equal(q2, q2c), f"fused_add_rms_norm_quant: {(q2 != q2c).any(-1).sum().item()} of {m} rows differ"
+    assert torch.equal(res_q, res2)
     # against the reference kernel on the GPU
     out_ref = rms_norm_ref(x, weight, eps)
     out2_ref, res_ref = fused_add_rms_norm_ref(x, residual, weight, eps)
     assert torch.equal(res2, res_ref)
-    assert_within_one_ulp(out, out_ref, "rms_norm")
-    assert_within_one_ulp(out2, out2_ref, "fused_add_rms_norm")
+    assert_within_ulps(out, out_ref, "rms_norm")
+    assert_within_ulps(out2, out2_ref, "fused_add_rms_norm")
     assert_codes_close(q2, s2, *ops.quant_per_token_int8(out2_ref), "fused_add_rms_norm_quant")
 
 
