@@ -216,7 +216,7 @@ def _split_for(m, n, k, bm, bn, bk, sms):
     return split
 
 
-@functools.lru_cache(maxsize=4096)  # pure in its arguments: 13 us -> 0.2 us of Python per call (CPU box)
+@functools.lru_cache(maxsize=4096)  # pure in its arguments: 45 us -> 0.35 us of Python per call (CPU box)
 def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm: bool = False) -> list[dict]:
     """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
     the inline-PTX nibble unpack (which the Triton interpreter cannot run)."""
