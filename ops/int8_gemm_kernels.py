@@ -23,9 +23,11 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   and ``join + reshape`` interleaves them back to ``k = 2j, 2j + 1``. With group 128 the
   tile's K range lies in one group (BLOCK_K divides 128), so the second-level scale is a
   ``[BLOCK_N]`` int8 vector: ``w_int = q * gs`` is exact in int8 (|q * gs| <= 128).
-  Measured alternative, not kept: two dots over the nibble planes (``lo @ xq[even k]^T +
-  hi @ xq[odd k]^T``, activations split into planes for M > 64) was 3-8% slower at decode
-  and 20-30% slower at M >= 1024 on the H200 (BENCHMARKS.md, int8_gemm notes).
+  On the GPU (``UNPACK_ASM``, a tuned candidate) the unpack is inline PTX on four codes
+  per 32-bit register, about half the instructions of the int8 ops (which stay as the
+  interpreter's path). Measured alternative, not kept: two dots over the nibble planes
+  (``lo @ xq[even k]^T + hi @ xq[odd k]^T``) was 2-9% slower at M = 1 and 18-52% slower
+  at M = 4096 on the H200 (BENCHMARKS.md, int8_gemm).
 * **Split-K** (SPLIT_K > 1 in the config, for decode shapes with too few output tiles for 132 SMs):
   each split adds its exact int32 partial into a zeroed int32 workspace with
   ``atomic_add``; the program that bumps the tile's counter last reads the complete
