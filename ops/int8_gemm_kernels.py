@@ -34,8 +34,7 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   int32 sum and runs the float epilogue. Integer addition is associative, so the
   result is bit-identical to SPLIT_K = 1 whatever order the splits land in.
   |acc| <= K * 2**14 holds for every partial and for the sum, so int32 is exact for
-  K < 131072; at K = 131072 exactly, all-(-128) x all-(-128) gives 2**31, one past int32
-  (the ops' MAX_K admits that K: an off-by-one in the bound, reported, not changed here).
+  K <= 131071 (the ops' MAX_K); at K = 131072, all-(-128) x all-(-128) gives 2**31, one past int32.
 * **Epilogue order**: ``(acc * x_scale) * w_scale + bias`` in float32, as the
   reference; the launcher passes ``enable_fp_fusion=False`` so no FMA contracts the
   last two steps, which makes the output bit-identical to the reference (the GPU

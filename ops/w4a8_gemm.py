@@ -24,7 +24,11 @@ scale is an integer (QQQ stores it as fp16 and rounds ``q * s_group`` inside the
 kernel, which is why its kernel and its fake-quant reference disagree); here the
 kernel's int8 operand ``w_int`` is exact, so kernel and reference agree bit for bit
 in the accumulator. Since |w_int| <= 128, |acc| <= K * 2**14 and int32 is exact for
-K <= 131072. Output: contiguous [M, N].
+K <= 131071 (MAX_K). Output: contiguous [M, N].
+
+The group_scale range [1, 16] is a precondition (the quantizers guarantee it): the CPU
+reference checks it, the CUDA kernel does not (checking values would need a host sync,
+which a CUDA graph cannot hold), and an out-of-range scale would wrap in its int8 operand.
 """
 
 from __future__ import annotations

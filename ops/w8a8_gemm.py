@@ -15,7 +15,8 @@ Math::
     out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
 
 evaluated left to right in float32. Overflow bound: |acc| <= K * 128 * 128 = K * 2**14,
-so the int32 accumulator is exact for every K <= 131072 (2**31 / 2**14). Output:
+so the int32 accumulator is exact for every K <= 131071 ((2**31 - 1) // 2**14; at
+K = 131072 all-(-128) operands reach 2**31, one past int32). Output:
 contiguous [M, N].
 """
 
@@ -37,7 +38,7 @@ from ._validation import (
 )
 
 OP = "w8a8_gemm"
-MAX_K = 131072
+MAX_K = (2**31 - 1) // 2**14  # 131071
 
 
 def scale_epilogue(acc: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:

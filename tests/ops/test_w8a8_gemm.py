@@ -76,7 +76,7 @@ def test_rejects_bad_input():
         op(xq, xs, wq, ws, None, torch.float32)
     with pytest.raises(TypeError, match="bias must be bfloat16, got float16"):
         op(xq, xs, wq, ws, torch.zeros(8, dtype=torch.float16), bf)
-    with pytest.raises(ValueError, match="exceeds 131072"):
-        op(torch.empty(1, 131074, dtype=torch.int8), torch.rand(1, 1), torch.empty(8, 131074, dtype=torch.int8), ws, None, bf)
+    with pytest.raises(ValueError, match="K=131072 exceeds 131071"):
+        op(torch.empty(1, 131072, dtype=torch.int8), torch.rand(1, 1), torch.empty(8, 131072, dtype=torch.int8), ws, None, bf)
     with pytest.raises(ValueError, match="must be contiguous"):
         op(xq, xs, random_int8(32, 8).t(), ws, None, bf)
