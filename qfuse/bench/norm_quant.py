@@ -10,7 +10,8 @@ Per (op, hidden size H, M tokens), bf16 by default, medians in microseconds, one
 * ``inductor_us``: ``torch.compile`` (default mode) of the plain-torch reference,
   i.e. the norm / activation + quantize as torch code, fused by Inductor itself
   (compiled once per (op, H); M = 1 static, then Inductor's automatic dynamic M);
-* ``floor_us``: bytes the fused op must move / measured copy bandwidth;
+* ``floor_us``: bytes the fused op must move / measured copy bandwidth; ``fused_tb_s``:
+  those bytes / ``fused_us``;
 * ``fused_eager_us``, ``unfused_eager_us``: one eager call, Python launch overhead included.
 
 Kernel times are CUDA-graph replays cycling through enough input copies to stream
@@ -104,13 +105,14 @@ def bench(ops_, hs, ms, dtype, bw, inductor: bool, log, dev: str = "cuda") -> li
                 if compiled is not None:
                     compiled(*copies[0])  # compile outside any capture
                     row["inductor_us"] = time_graph([lambda a=a: compiled(*a) for a in copies])
+                row["bytes"] = nbytes
                 row["floor_us"] = nbytes / bw * 1e6
                 row["fused_eager_us"] = time_eager(lambda: fused(*copies[0]))
                 row["unfused_eager_us"] = time_eager(lambda: unfused(*copies[0]))
                 row["fused_vs_unfused"] = row["unfused_us"] / row["fused_us"]
                 if "inductor_us" in row:
                     row["fused_vs_inductor"] = row["inductor_us"] / row["fused_us"]
-                row["fused_bw_pct"] = 100 * row["floor_us"] / row["fused_us"]
+                row["fused_tb_s"] = nbytes / row["fused_us"] / 1e6  # bytes moved per second, in TB/s
                 rows.append(row)
                 log(
                     f"{op:26s} H={h:5d} M={m:5d}  fused {row['fused_us']:8.2f}  unfused {row['unfused_us']:8.2f}  "
@@ -166,13 +168,13 @@ def accuracy(hs, m, log, dev: str = "cuda") -> list[dict]:
 
 
 def _markdown(rows: list[dict]) -> str:
-    head = "| op | H | M | fused us | unfused us | Inductor us | floor us | fused / unfused | fused / Inductor | fused eager us |"
-    lines = [head, "|" + "---|" * 10]
+    head = "| op | H | M | fused us | unfused us | Inductor us | fused / unfused | fused / Inductor | fused TB/s | floor us | fused eager us |"
+    lines = [head, "|---|" + "---:|" * 10]
     for r in rows:
         lines.append(
             f"| {r['op']} | {r['H']} | {r['M']} | {r['fused_us']:.2f} | {r['unfused_us']:.2f} | "
-            f"{r.get('inductor_us', float('nan')):.2f} | {r['floor_us']:.2f} | {r['fused_vs_unfused']:.2f}x | "
-            f"{r.get('fused_vs_inductor', float('nan')):.2f}x | {r['fused_eager_us']:.1f} |"
+            f"{r.get('inductor_us', float('nan')):.2f} | {r['fused_vs_unfused']:.2f}x | "
+            f"{r.get('fused_vs_inductor', float('nan')):.2f}x | {r['fused_tb_s']:.2f} | {r['floor_us']:.2f} | {r['fused_eager_us']:.0f} |"
         )
     return "\n".join(lines)
 
