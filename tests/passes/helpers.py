@@ -3,6 +3,7 @@ post-grad graph before and after them, print graphs in a version-stable form."""
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -112,15 +113,44 @@ def fused_vs_unfused(fn, args, config=None, options=None):
     return unfused, fused, dict(qp.counters), rec
 
 
+@functools.cache
+def inductor_rounds_like_eager() -> bool:
+    """Whether this torch's Inductor (CPU, emulate_precision_casts) reproduces eager rounding
+    for silu and the HF RMSNorm. Seen: yes on 2.13; no on 2.11 (exp / rsqrt differ in the
+    last fp32 bit, which moves a bf16 rounding now and then)."""
+    import torch.nn.functional as F
+
+    def probe(x, w):
+        xf = x.float()
+        y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        return F.silu(y) * x
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(64, 256, generator=g).to(torch.bfloat16), torch.randn(256, generator=g).to(torch.bfloat16))
+    compiled = run_compiled(probe, args, passes=False, options=EXACT)
+    return torch.equal(compiled, probe(*args))
+
+
 def assert_same(a, b):
-    """Exact equality of (nested tuples of) tensors."""
+    """Fused vs unfused: bit for bit where Inductor rounds like eager (the fused ops are the
+    eager composition). Elsewhere within one rounding: an int8 code moves by at most 2 (one
+    bf16 ulp on the element and one on the row max; on torch 2.11 the unfused HF norm's
+    rounding differs from eager and ~10% of codes move),
+    float outputs within 2% relative L2 (one code step through a few layers)."""
     if isinstance(a, (tuple, list)):
         assert len(a) == len(b)
         for x, y in zip(a, b):
             assert_same(x, y)
         return
     assert a.dtype == b.dtype and a.shape == b.shape
-    assert torch.equal(a, b), f"max abs diff {(a.float() - b.float()).abs().max().item()}"
+    if inductor_rounds_like_eager():
+        assert torch.equal(a, b), f"max abs diff {(a.float() - b.float()).abs().max().item()}"
+    elif a.dtype == torch.int8:
+        diff = (a.int() - b.int()).abs()
+        assert diff.max().item() <= 2 and (diff > 0).float().mean().item() < 0.25, (diff.max(), (diff > 0).float().mean())
+    else:
+        rel = ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item()
+        assert rel < 2e-2, f"relative L2 difference {rel:.2e}"
 
 
 def count_standalone_quants(recorder: Recorder) -> int:
