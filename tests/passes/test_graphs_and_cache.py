@@ -167,7 +167,7 @@ def test_dynamic_shapes_one_compile_two_token_counts():
     """Symbolic token counts: the output reshapes reuse the graph's own (symbolic) sizes."""
     qp.reset_counters()
     torch._dynamo.reset()
-    with torch.inference_mode():
+    with fresh_cache(), torch.inference_mode():  # a cache hit would run no pass (and count nothing)
         fused = qcompile(decoder_tail, fullgraph=True, dynamic=True)
         for t in (3, 5):
             args = _args(t)
