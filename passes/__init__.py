@@ -1,5 +1,14 @@
 """qfuse.passes: Inductor pattern-matcher passes that fuse activation quantization
-into the op before it. Importing this package changes no global Inductor config."""
+into the op before it. Importing this package changes no global Inductor config.
+
+    model = torch.compile(model, options=qfuse.passes.inductor_options())   # or qfuse.compile(model)
+    qfuse.passes.counters        # Counter of fusions since reset_counters()
+
+Modules: manager (the CustomGraphPass, PassConfig, inductor_options), dedup_quant
+(identical quant calls -> one), norm_quant / silu_mul_quant (recognizers),
+rewrite (the shared rewrite), native_patterns (traced torch-native forms),
+graph_utils, counters.
+"""
 
 if __name__ != "qfuse.passes":  # pragma: no cover - guard against a second import root
     raise ImportError(f"this package must be imported as 'qfuse.passes', not {__name__!r}")

@@ -3,7 +3,6 @@ position, view/reshape spelled alike), the FX graph cache, uuid, and qfuse.compi
 
 import expecttest
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters as torch_counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import fresh_cache

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import qfuse.passes as qp
 from qfuse.tiny_llama import _LlamaRMSNorm
 
-from .helpers import EXACT, assert_same, fused_vs_unfused, run_compiled
+from .helpers import assert_same, fused_vs_unfused, run_compiled
 
 q = torch.ops.qfuse
 H = 64
