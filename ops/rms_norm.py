@@ -25,8 +25,10 @@ normalizes to zeros (rsqrt(eps) is finite for eps > 0). All outputs are contiguo
 CUDA kernels: Triton, one kernel for all four ops in ``norm_quant_kernels.py``. On
 one device a fused op equals the composition of the unfused CUDA ops bit for bit;
 against the plain-torch reference the float sum of squares is taken in another
-order, so an output can differ by one ulp of its dtype where the normalized value
-lies at a rounding boundary (rare; the kernel tests measure and bound it).
+order, so an output can differ by up to 2 ulps of its dtype where the normalized
+value lies at a rounding boundary (one ulp in dtype(x * rsqrt), doubled at most by
+the weight product). Measured on an H200 (M=1024, H 4096/14336, fp16/bf16): 0 to
+1,135 of 4.2M-14.7M outputs, moving 0-58 codes by 1 and no scale.
 """
 
 from __future__ import annotations
