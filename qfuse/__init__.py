@@ -2,7 +2,7 @@
 
     import qfuse
     qfuse.quantize_model(model, "W4A8")
-    model = torch.compile(model)
+    model = qfuse.compile(model)     # torch.compile + the fusion passes
 """
 
 from pathlib import Path as _Path
@@ -22,10 +22,11 @@ def _map_source_subpackages() -> None:
 _map_source_subpackages()
 
 from . import ops  # noqa: E402  (registers torch.ops.qfuse.*)
+from .compile import compile, inductor_options  # noqa: E402,A004  (imports qfuse.passes lazily)
 from .linear import QuantLinear  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
 from .quantize_model import quantize_model  # noqa: E402
 from .schemes import SCHEMES, Scheme, get_scheme  # noqa: E402
 
-__all__ = ["QuantLinear", "RMSNorm", "SCHEMES", "Scheme", "get_scheme", "ops", "quantize_model"]
+__all__ = ["QuantLinear", "RMSNorm", "SCHEMES", "Scheme", "compile", "get_scheme", "inductor_options", "ops", "quantize_model"]
 __version__ = "0.1.0"

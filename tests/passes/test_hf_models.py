@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import qfuse
+from tests.hf_models import tiny_hf_model
 
 from .helpers import EXACT, Before, assert_same, count_standalone_quants, run_compiled
 
@@ -16,22 +17,7 @@ LAYERS = 2
 
 
 def tiny_hf(arch: str):
-    import transformers as tf
-
-    common = dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    cfg, cls = {
-        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
-    }[arch]
-    torch.manual_seed(0)
-    model = cls(cfg(**common))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.mul_(1 + 0.1 * torch.randn_like(p))
-    return model.to(torch.bfloat16).eval()
+    return tiny_hf_model(arch, layers=LAYERS, hidden=128, intermediate=256, vocab=128)
 
 
 @pytest.fixture(scope="module")

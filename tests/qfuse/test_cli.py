@@ -12,6 +12,8 @@ def test_demo_prints_table(capsys):
         max_err, mean_err, rel = map(float, row[1:4])
         assert 0 < mean_err <= max_err and rel < 0.4
         assert float(row[4]) < 0.05  # compiled vs eager
+    assert lines["W8A8"][5] == "6"  # 2 layers x (input norm, post-attention norm, SiLU-and-mul)
+    assert lines["W4A16"][5] == "-"
     assert "bfloat16" in lines
 
 

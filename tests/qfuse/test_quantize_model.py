@@ -8,7 +8,7 @@ from torch import nn
 
 import qfuse
 from tests.helpers import rel_err
-from tests.qfuse.hf_models import ARCHS, tiny_hf_model
+from tests.hf_models import ARCHS, tiny_hf_model
 
 # Logit error of the quantized model vs the bf16 model, measured on these random-weight
 # models (W8: 0.016-0.019, W4: 0.20-0.24); a broken kernel gives ~1.

@@ -5,10 +5,12 @@ import torch
 ARCHS = ("llama", "qwen2", "mistral")
 
 
-def tiny_hf_model(arch: str, dtype=torch.bfloat16, layers: int = 2):
+def tiny_hf_model(arch: str, dtype=torch.bfloat16, layers: int = 2, hidden: int = 256, intermediate: int = 512, vocab: int = 256):
+    """A ``<Arch>ForCausalLM`` with 4 attention heads / 2 KV heads and random weights
+    (norm weights perturbed away from 1, so a dropped norm weight would show)."""
     import transformers as tf
 
-    common = dict(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     cfg, cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
@@ -17,7 +19,7 @@ def tiny_hf_model(arch: str, dtype=torch.bfloat16, layers: int = 2):
     }[arch]
     torch.manual_seed(0)
     model = cls(cfg(**common))
-    with torch.no_grad():  # norm weights away from exactly 1 so a dropped weight would show
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.mul_(1 + 0.1 * torch.randn_like(p))
