@@ -2,6 +2,8 @@
 
 A config is a dict whose ``"kernel"`` names the family:
 
+* ``"gemv_words"`` (4-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3 instructions
+  per code (ops/w4a16_gemv_words.py); the measured M = 1 choice on the H200 (1.5-2.1x bf16);
 * ``"gemv"``  (M bucket <= 4): CUDA-core GEMV with split-K (ops/wna16_gemv.py);
 * ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ._autotune import m_bucket, pick_config
+from .w4a16_gemv_words import w4a16_gemv_words, words_supported
 
 OP = "wna16_gemm"
 _SMS: dict[int, int] = {}
@@ -57,6 +60,10 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             for sp in sorted({1, split} | ({2 * split} if exhaustive else set()), reverse=True):
                 for warps in (4, 8) if exhaustive else (4,):
                     cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "num_warps": warps, "num_stages": 2})
+    if mb <= 2 and words_supported(k, bits, group_size):
+        for bn in (128, 64):
+            for sp in (8, 4, 2, 1):
+                cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": 16, "SPLIT_K": sp, "num_warps": 4})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):
@@ -78,8 +85,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                           "SCALE_AFTER_DOT": False, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
-    if mb <= 4:  # at M = 1 the GEMV is the measured default; at M = 2..4 the tiled split-K one
-        cands.sort(key=lambda c: c["kernel"] != ("gemv" if mb == 1 else "tiled"))
+    if mb <= 4:  # heuristic first: at M = 1 a GEMV (the word GEMV for 4-bit); at M = 2..4 the tiled split-K one
+        first = ("gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv") if mb == 1 else "tiled"
+        cands.sort(key=lambda c: c["kernel"] != first)
     return cands
 
 
@@ -90,6 +98,8 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
         from .wna16_gemv import wna16_gemv
 
         return wna16_gemv(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+    if kind == "gemv_words":
+        return w4a16_gemv_words(x, qweight, scales, zeros, bias, group_size, cfg)
     if kind == "tiled":
         from .wna16_tiled import wna16_tiled
 

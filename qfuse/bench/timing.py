@@ -77,6 +77,24 @@ def copy_bandwidth(device: torch.device | str = "cuda", nbytes: int = 4 * 2**30)
     return 2 * src.numel() * src.element_size() / (us * 1e-6)
 
 
+def read_bandwidth(device: torch.device | str = "cuda", nbytes: int = 4 * 2**30) -> float:
+    """Measured read-only bandwidth in bytes/s: a float32 sum over ``nbytes``.
+
+    A GEMV mostly reads, and torch's copy kernel measured only 2.7 TB/s on the H200 while
+    cuBLAS bf16 GEMV streamed its weights at 3.7 TB/s, so the floors use the larger of this
+    and :func:`copy_bandwidth` (see :func:`hbm_bandwidth`).
+    """
+    src = torch.randn(nbytes // 4, dtype=torch.float32, device=device)
+    out = torch.empty((), dtype=torch.float32, device=device)
+    us = time_graph([lambda: torch.sum(src, out=out)], replays=10)
+    return src.numel() * src.element_size() / (us * 1e-6)
+
+
+def hbm_bandwidth(device: torch.device | str = "cuda") -> float:
+    """The bandwidth the floors use: max(copy, read-only) measured in this run, bytes/s."""
+    return max(copy_bandwidth(device), read_bandwidth(device))
+
+
 def write_csv(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(dict.fromkeys(k for r in rows for k in r))

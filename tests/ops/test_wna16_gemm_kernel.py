@@ -135,7 +135,9 @@ def test_candidate_families_by_m_bucket(m):
     kinds = {c["kernel"] for c in cands}
     assert ("gemv" in kinds) == (m <= 4)
     assert ("dequant_mm" in kinds) == (m >= 128)
-    assert cands[0]["kernel"] == ("gemv" if m == 1 else "tiled")
+    assert ("gemv_words" in kinds) == (m <= 2)
+    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
+    assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv" if m == 1 else "tiled")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
 
 
@@ -171,7 +173,8 @@ def test_cuda_entry_point_checks_before_any_kernel():
 
 # ---------------------------------------------------------------- GPU: the grid
 
-GRID_M = (1, 2, 7, 16, 33, 64, 128, 512, 2048)
+# QFUSE_GPU_GRID_M=1,2 narrows the grid to some M (a quick check of the decode kernels)
+GRID_M = tuple(int(v) for v in os.environ.get("QFUSE_GPU_GRID_M", "1,2,7,16,33,64,128,512,2048").split(","))
 GRID_SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (4000, 4096), (1000, 2944))
 GRID_QUANT = ((4, -1), (4, 32), (4, 64), (4, 128), (8, -1), (8, 32), (8, 64), (8, 128))
 
@@ -245,3 +248,26 @@ def test_gpu_cuda_graph_capture(m):
     graph.replay()
     assert_close_to_ref(out, x, qw, s, z, b, 4, 128)
     assert not torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("m,split_k,asym", [(1, 1, False), (2, 2, True), (3, 4, True), (1, 3, False)])
+def test_gemv_words_kernel_interpreter(group_size, m, split_k, asym):
+    from qfuse.ops.w4a16_gemv_words import w4a16_gemv_words
+
+    dtype = torch.bfloat16 if m != 2 else torch.float16
+    x, qw, s, z, b = make_problem(m, 40, 256, 4, group_size, dtype, asym=asym, bias=m != 3)
+    out = w4a16_gemv_words(x, qw, s, z, b, group_size, {"BLOCK_N": 16, "BLOCK_W": 16, "SPLIT_K": split_k})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
+
+
+def test_gemv_words_kernel_extreme_codes():
+    # every code 0 or 15 against zero points 15 / 0: the largest |u - z| the exponent trick sees
+    from qfuse.ops.w4a16_gemv_words import w4a16_gemv_words
+
+    x, _, s, _, _ = make_problem(1, 16, 128, 4, 32, torch.bfloat16, asym=False, bias=False)
+    codes = torch.randint(0, 2, (16, 128), dtype=torch.uint8) * 15
+    qw = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    z = (15 - codes[:, ::32]).contiguous()
+    out = w4a16_gemv_words(x, qw, s, z, None, 32, {"BLOCK_N": 16, "BLOCK_W": 4, "SPLIT_K": 2})
+    assert_close_to_ref(out, x, qw, s, z, None, 4, 32)
