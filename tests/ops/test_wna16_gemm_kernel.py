@@ -25,6 +25,7 @@ from qfuse.ops.wna16_dispatch import candidate_configs, run_config
 from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
 from qfuse.ops.wna16_gemv import wna16_gemv
 from qfuse.ops.wna16_tiled import wna16_tiled
+from qfuse.ops.wna16_tiled_words import wna16_tiled_words
 
 
 def make_problem(m, n, k, bits, group_size, dtype, asym, bias, device="cpu", scale=0.02):
@@ -136,6 +137,8 @@ def test_candidate_families_by_m_bucket(m):
     assert ("gemv" in kinds) == (m <= 4)
     assert ("dequant_mm" in kinds) == (m >= 128)
     assert ("gemv_words" in kinds) == (m <= 2)
+    assert ("tiled_words" in kinds) == ("tiled" in kinds)
+    assert "tiled_words" not in {c["kernel"] for c in candidate_configs(m, 4096, 4094, 4, -1)}  # K not whole words
     assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
     assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv" if m == 1 else "tiled")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
@@ -169,6 +172,50 @@ def test_cuda_entry_point_checks_before_any_kernel():
         _wna16_gemm_cuda(x, qw, s.float(), z, b, 4, 32)  # scales not in x.dtype
     with pytest.raises(ValueError):
         _wna16_gemm_cuda(x, qw, s, z, b, 4, 48)  # unsupported group size
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 32, 64])
+@pytest.mark.parametrize("cfg", range(len(TILED_CFGS)))
+def test_tiled_words_kernel_interpreter(bits, group_size, cfg):
+    i = (bits // 4) + 2 * cfg + (group_size > 0)
+    dtype = (torch.float16, torch.bfloat16)[i % 2]  # the other dtype than the byte kernel's test
+    x, qw, s, z, b = make_problem(7, 40, 128, bits, group_size, dtype, asym=cfg != 0, bias=i % 3 != 1)
+    out = wna16_tiled_words(x, qw, s, z, b, bits, group_size, TILED_CFGS[cfg])
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.parametrize("bits,m,k", [(4, 33, 104), (8, 2, 100)])  # K: whole words, not whole BLOCK_K tiles
+def test_tiled_words_kernel_odd_k_and_m(bits, m, k):
+    x, qw, s, z, b = make_problem(m, 24, k, bits, -1, torch.bfloat16, asym=True, bias=True)
+    out = wna16_tiled_words(x, qw, s, z, b, bits, -1, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, bits, -1)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tiled_words_kernel_extreme_codes(bits):
+    # every code 0 or 2**bits - 1 against zero points at the other end: the largest |u - z|
+    # the in-place exponent trick sees, in every position of the word (the FFMA must be exact)
+    top = (1 << bits) - 1
+    x, _, s, _, _ = make_problem(3, 16, 128, bits, 32, torch.bfloat16, asym=False, bias=False)
+    codes = torch.randint(0, 2, (16, 128), dtype=torch.uint8) * top
+    qw = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes
+    z = (top - codes[:, ::32]).contiguous()
+    out = wna16_tiled_words(x, qw, s, z, None, bits, 32, TILED_CFGS[1])
+    assert_close_to_ref(out, x, qw, s, z, None, bits, 32)
+
+
+def test_tiled_words_kernel_rejects_partial_words():
+    x, qw, s, z, b = make_problem(2, 16, 36, 4, -1, torch.bfloat16, asym=False, bias=False)
+    with pytest.raises(ValueError, match="whole number of int32 words"):
+        wna16_tiled_words(x, qw, s, z, b, 4, -1, TILED_CFGS[0])
+
+
+def test_tiled_words_tolerance_catches_a_nibble_swap():
+    x, qw, s, z, b = make_problem(2, 32, 64, 4, 32, torch.bfloat16, asym=True, bias=False)
+    swapped = ((qw >> 4) | (qw << 4)).contiguous()
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(wna16_tiled_words(x, swapped, s, z, b, 4, 32, TILED_CFGS[0]), x, qw, s, z, b, 4, 32)
 
 
 # ---------------------------------------------------------------- GPU: the grid

@@ -1,0 +1,188 @@
+"""Tiled tensor-core kernel for ``wna16_gemm`` that reads the weights as int32 words.
+
+Same tiling, split-K and scale placement as ops/wna16_tiled.py (one program: a
+``[BLOCK_M, BLOCK_N]`` output tile over a ``1 / SPLIT_K`` slice of K; ``BLOCK_K <= group``),
+only the dequantization differs. The documented layout read as little-endian int32 words
+puts code ``CPW * w + t`` in bits ``BITS * t ..`` of word ``w`` (CPW = 32 / BITS codes per
+word: natural K order). Per word, for the two 16-bit halves ``h`` and the codes ``j`` of a
+half (``t = CPW / 2 * h + j``)::
+
+    half  = word, word >> 16                                      (one SHF per word)
+    B_t   = bitcast_f32((half & (MASK << BITS * j)) | 0x4B000000) = 2**23 + u * 2**(BITS * j)
+    c_t   = B_t * 2**-(BITS * j) - (2**(23 - BITS * j) + z)       = u - z        (one FFMA)
+
+The code stays in place (one 3-input LOP3, mask and magic passed as kernel arguments so
+ptxas fuses them; immediates give SHF + SGXT + LOP3), and the FFMA is exact: the product is
+a power-of-two scaling of an exactly representable value, the difference of two integers
+below 2**23 is an integer, so the one rounding of the FFMA has nothing to round. The byte
+kernel spends a PRMT (byte extract), SHF + SGXT (high nibble), two LOP3 and an FADD per
+code pair member instead. The ``CPW`` code tensors are joined along a new last axis
+(``code t`` of word ``w`` -> ``k = CPW * w + t``) and reshaped to ``[BLOCK_N, BLOCK_K]``:
+natural K order, so the activations load contiguously as in the byte kernel.
+
+Needs K % CPW == 0 (whole words; the op's checks allow any even K for 4-bit: the
+dispatcher offers this family only where :func:`tiled_words_supported`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._wna16_common import mma, splitk_reduce
+from .wna16_tiled import split_k_slices
+
+
+@triton.jit
+def _code(half, MASK, MAGIC_BITS, d, BITS: tl.constexpr, J: tl.constexpr):
+    """u - z (float32, exact) for the code in bits BITS*J.. of ``half``; ``d`` = 2**(23 - BITS*J) + z."""
+    b = ((half & (MASK << (BITS * J))) | MAGIC_BITS).to(tl.float32, bitcast=True)
+    return b * (1.0 / (1 << (BITS * J))) - d
+
+
+@triton.jit
+def _join_codes(c0, c1, c2, c3, c4, c5, c6, c7, BITS: tl.constexpr):
+    """[BN, W] code tensors c_t -> [BN, W * CPW] with column CPW * w + t (natural K order).
+
+    ``join`` adds its axis last, so the outermost index bit (t // (CPW / 2)) is joined first."""
+    if BITS == 4:
+        a0 = tl.join(c0, c4)  # [.., t2]
+        a1 = tl.join(c1, c5)
+        a2 = tl.join(c2, c6)
+        a3 = tl.join(c3, c7)
+        b0 = tl.join(a0, a2)  # [.., t2, t1]
+        b1 = tl.join(a1, a3)
+        r = tl.join(b0, b1)  # [.., t2, t1, t0]
+        return tl.reshape(r, (c0.shape[0], c0.shape[1] * 8))
+    else:
+        b0 = tl.join(c0, c2)  # [.., t1]
+        b1 = tl.join(c1, c3)
+        r = tl.join(b0, b1)  # [.., t1, t0]
+        return tl.reshape(r, (c0.shape[0], c0.shape[1] * 4))
+
+
+@triton.jit
+def _dequant_words(words, MASK, MAGIC_BITS, z, BITS: tl.constexpr):
+    """int32 words [BN, W] -> float32 (u - z) [BN, W * CPW] in natural K order; z: [BN] float32."""
+    lo = words.to(tl.uint32, bitcast=True)
+    hi = lo >> 16  # codes of the upper half in bits 0..15: the magic's mantissa has 23 bits
+    zz = z[:, None]
+    if BITS == 4:
+        return _join_codes(
+            _code(lo, MASK, MAGIC_BITS, zz + 8388608.0, BITS, 0), _code(lo, MASK, MAGIC_BITS, zz + 524288.0, BITS, 1),
+            _code(lo, MASK, MAGIC_BITS, zz + 32768.0, BITS, 2), _code(lo, MASK, MAGIC_BITS, zz + 2048.0, BITS, 3),
+            _code(hi, MASK, MAGIC_BITS, zz + 8388608.0, BITS, 0), _code(hi, MASK, MAGIC_BITS, zz + 524288.0, BITS, 1),
+            _code(hi, MASK, MAGIC_BITS, zz + 32768.0, BITS, 2), _code(hi, MASK, MAGIC_BITS, zz + 2048.0, BITS, 3),
+            BITS,
+        )  # fmt: skip
+    else:
+        c0 = _code(lo, MASK, MAGIC_BITS, zz + 8388608.0, BITS, 0)
+        c1 = _code(lo, MASK, MAGIC_BITS, zz + 32768.0, BITS, 1)
+        c2 = _code(hi, MASK, MAGIC_BITS, zz + 8388608.0, BITS, 0)
+        c3 = _code(hi, MASK, MAGIC_BITS, zz + 32768.0, BITS, 1)
+        return _join_codes(c0, c1, c2, c3, c0, c1, c2, c3, BITS)
+
+
+@triton.jit
+def _wna16_tiled_words_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    M, N, K, KW, G, stride_xm, K_PER_SPLIT, MASK, MAGIC_BITS,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):  # fmt: skip
+    CPW: tl.constexpr = 32 // BITS
+    BLOCK_W: tl.constexpr = BLOCK_K // CPW
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = offs_m % M  # wrapped rows/cols load valid memory; the store is masked
+    rn = offs_n % N
+    dtype = x_ptr.dtype.element_ty
+    k_start = pid_k * K_PER_SPLIT
+
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+        k0 = k_start + kt * BLOCK_K
+        if GROUP != -1:
+            g = tl.minimum(k0 // GROUP, G - 1)  # clamp: masked tail tiles past K
+            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + rn * G + g).to(tl.float32)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_w = k0 // CPW + tl.arange(0, BLOCK_W)
+        x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = qw_ptr + rn[:, None] * KW + offs_w[None, :]
+        if EVEN_K:
+            xt = tl.load(x_ptrs, eviction_policy="evict_last")
+            words = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+            words = tl.load(w_ptrs, mask=(offs_w < KW)[None, :], other=0)
+        w = _dequant_words(words, MASK, MAGIC_BITS, z, BITS)  # [BLOCK_N, BLOCK_K] float32 u - z
+        if GROUP != -1 and not SCALE_AFTER_DOT:
+            w = w * s[:, None]
+        wt = tl.trans(w.to(dtype))
+        if GROUP != -1 and SCALE_AFTER_DOT:
+            acc += mma(xt, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32) * s[None, :]
+        else:
+            acc = mma(xt, wt, acc, DOT_F32)
+
+    if GROUP == -1:
+        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+def tiled_words_supported(k: int, bits: int) -> bool:
+    """Whether this kernel can take the problem: whole int32 words per row."""
+    return k % (32 // bits) == 0
+
+
+def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+    """Launch with config ``cfg`` (the tiled kernel's keys; arguments already checked)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    if not tiled_words_supported(k, bits):
+        raise ValueError(f"wna16_tiled_words: K={k} is not a whole number of int32 words of {bits}-bit codes")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
+    split_k = cfg.get("SPLIT_K", 1)
+    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    words = qweight.view(torch.int32)  # [N, K * bits / 32]: the byte layout read 4 bytes at a time
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    _wna16_tiled_words_kernel[grid](
+        x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        m, n, k, words.shape[1], scales.shape[1], x.stride(0), k_per_split, (1 << bits) - 1, 0x4B000000,
+        BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+        SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
+    if split_k > 1:
+        splitk_reduce(ws, bias, out)
+    return out
