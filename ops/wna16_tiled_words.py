@@ -122,7 +122,7 @@ def _wna16_tiled_words_kernel(
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:
             g = tl.minimum(k0 // GROUP, G - 1)  # clamp: masked tail tiles past K
-            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            s = tl.load(s_ptr + rn * G + g)  # dtype
             if HAS_ZEROS:
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -135,12 +135,18 @@ def _wna16_tiled_words_kernel(
         else:
             xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
             words = tl.load(w_ptrs, mask=(offs_w < KW)[None, :], other=0)
-        w = _dequant_words(words, MASK, MAGIC_BITS, z, BITS)  # [BLOCK_N, BLOCK_K] float32 u - z
+        w = _dequant_words(words, MASK, MAGIC_BITS, z, BITS).to(dtype)  # [BLOCK_N, BLOCK_K] u - z, exact
         if GROUP != -1 and not SCALE_AFTER_DOT:
-            w = w * s[:, None]
-        wt = tl.trans(w.to(dtype))
+            # dtype(u - z) * s rounds the exact product once, as the reference's float32 product
+            # then rounding does; on the GPU one packed multiply per two codes (HMUL2) instead
+            # of an FMUL per code. The interpreter has no bf16 arithmetic: float32, then round.
+            if DOT_F32:
+                w = (w.to(tl.float32) * s[:, None].to(tl.float32)).to(dtype)
+            else:
+                w = w * s[:, None]
+        wt = tl.trans(w)
         if GROUP != -1 and SCALE_AFTER_DOT:
-            acc += mma(xt, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32) * s[None, :]
+            acc += mma(xt, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32) * s.to(tl.float32)[None, :]
         else:
             acc = mma(xt, wt, acc, DOT_F32)
 
