@@ -8,8 +8,10 @@ A config is a dict whose ``"kernel"`` names the family:
 * ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
 * ``"tiled_words"`` (any M, K a whole number of int32 words): the same tiles reading the
   weights as int32 words, codes dequantized in place (ops/wna16_tiled_words.py; 15-30 %
-  fewer sm_90 SASS instructions per weight byte in the 4-bit loop); a candidate for every
-  tiled config, not yet measured on a GPU, so the tiled kernel stays the heuristic;
+  fewer sm_90 SASS instructions per weight byte in the loop; ``SWAP_AB`` (BLOCK_M <= 64):
+  the weights as the MMA's A operand, 9.4 against 13.3 for the M = 16 4-bit config); a
+  candidate for every tiled config, not yet measured on a GPU, so the tiled kernel stays
+  the heuristic;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -89,7 +91,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             cands.append({"kernel": "tiled", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1,
                           "SCALE_AFTER_DOT": False, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
     if tiled_words_supported(k, bits):
-        cands += [{**c, "kernel": "tiled_words"} for c in cands if c["kernel"] == "tiled"]
+        tiled = [c for c in cands if c["kernel"] == "tiled"]
+        cands += [{**c, "kernel": "tiled_words", "SWAP_AB": True} for c in tiled if c["BLOCK_M"] <= 64]
+        cands += [{**c, "kernel": "tiled_words"} for c in tiled]
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     if mb <= 4:  # heuristic first: at M = 1 a GEMV (the word GEMV for 4-bit); at M = 2..4 the tiled split-K one

@@ -20,6 +20,13 @@ code pair member instead. The ``CPW`` code tensors are joined along a new last a
 (``code t`` of word ``w`` -> ``k = CPW * w + t``) and reshaped to ``[BLOCK_N, BLOCK_K]``:
 natural K order, so the activations load contiguously as in the byte kernel.
 
+``SWAP_AB`` (config key) computes ``out^T = w @ x^T``: the weight tile is the MMA's A
+operand (64-row wgmma tiles on Hopper even for BLOCK_M = 16) and the activations the B
+operand; fewer register moves around the MMA in the sm_90 SASS (see the dispatcher's figures).
+Scales: per-channel after the loop; per group either after each tile's dot
+(``SCALE_AFTER_DOT``) or on the weights as ``dtype(u - z) * s`` in the activation dtype (one
+packed multiply per two codes; one rounding of the exact product, as in the reference).
+
 Needs K % CPW == 0 (whole words; the op's checks allow any even K for 4-bit: the
 dispatcher offers this family only where :func:`tiled_words_supported`).
 """
@@ -92,7 +99,7 @@ def _wna16_tiled_words_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS
     BLOCK_W: tl.constexpr = BLOCK_K // CPW
@@ -117,7 +124,10 @@ def _wna16_tiled_words_kernel(
         z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
     else:
         z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:
@@ -144,12 +154,20 @@ def _wna16_tiled_words_kernel(
                 w = (w.to(tl.float32) * s[:, None].to(tl.float32)).to(dtype)
             else:
                 w = w * s[:, None]
-        wt = tl.trans(w)
-        if GROUP != -1 and SCALE_AFTER_DOT:
-            acc += mma(xt, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32) * s.to(tl.float32)[None, :]
+        if SWAP_AB:  # acc^T [BLOCK_N, BLOCK_M] = w @ x^T: the weights are the MMA's A operand
+            if GROUP != -1 and SCALE_AFTER_DOT:
+                acc += mma(w, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32) * s.to(tl.float32)[:, None]
+            else:
+                acc = mma(w, tl.trans(xt), acc, DOT_F32)
         else:
-            acc = mma(xt, wt, acc, DOT_F32)
+            wt = tl.trans(w)
+            if GROUP != -1 and SCALE_AFTER_DOT:
+                acc += mma(xt, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_F32) * s.to(tl.float32)[None, :]
+            else:
+                acc = mma(xt, wt, acc, DOT_F32)
 
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if GROUP == -1:
         acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -187,7 +205,7 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+        SWAP_AB=bool(cfg.get("SWAP_AB", False)), num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     if split_k > 1:
         splitk_reduce(ws, bias, out)

@@ -139,6 +139,8 @@ def test_candidate_families_by_m_bucket(m):
     assert ("gemv_words" in kinds) == (m <= 2)
     assert ("tiled_words" in kinds) == ("tiled" in kinds)
     assert "tiled_words" not in {c["kernel"] for c in candidate_configs(m, 4096, 4094, 4, -1)}  # K not whole words
+    swapped = [c for c in cands if c.get("SWAP_AB")]
+    assert len(swapped) == sum(c["kernel"] == "tiled" and c["BLOCK_M"] <= 64 for c in cands) > 0
     assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
     assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv" if m == 1 else "tiled")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
@@ -177,18 +179,19 @@ def test_cuda_entry_point_checks_before_any_kernel():
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [-1, 32, 64])
 @pytest.mark.parametrize("cfg", range(len(TILED_CFGS)))
-def test_tiled_words_kernel_interpreter(bits, group_size, cfg):
-    i = (bits // 4) + 2 * cfg + (group_size > 0)
-    dtype = (torch.float16, torch.bfloat16)[i % 2]  # the other dtype than the byte kernel's test
-    x, qw, s, z, b = make_problem(7, 40, 128, bits, group_size, dtype, asym=cfg != 0, bias=i % 3 != 1)
-    out = wna16_tiled_words(x, qw, s, z, b, bits, group_size, TILED_CFGS[cfg])
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_tiled_words_kernel_interpreter(bits, group_size, cfg, swap_ab):
+    i = (bits // 4) + 2 * cfg + (group_size > 0) + swap_ab
+    dtype = (torch.float16, torch.bfloat16)[i % 2]
+    x, qw, s, z, b = make_problem(7, 40, 128, bits, group_size, dtype, asym=(cfg + swap_ab) % 2 == 1, bias=i % 3 != 1)
+    out = wna16_tiled_words(x, qw, s, z, b, bits, group_size, {**TILED_CFGS[cfg], "SWAP_AB": swap_ab})
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
 @pytest.mark.parametrize("bits,m,k", [(4, 33, 104), (8, 2, 100)])  # K: whole words, not whole BLOCK_K tiles
 def test_tiled_words_kernel_odd_k_and_m(bits, m, k):
     x, qw, s, z, b = make_problem(m, 24, k, bits, -1, torch.bfloat16, asym=True, bias=True)
-    out = wna16_tiled_words(x, qw, s, z, b, bits, -1, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2})
+    out = wna16_tiled_words(x, qw, s, z, b, bits, -1, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2, "SWAP_AB": bits == 4})
     assert_close_to_ref(out, x, qw, s, z, b, bits, -1)
 
 
@@ -201,7 +204,7 @@ def test_tiled_words_kernel_extreme_codes(bits):
     codes = torch.randint(0, 2, (16, 128), dtype=torch.uint8) * top
     qw = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes
     z = (top - codes[:, ::32]).contiguous()
-    out = wna16_tiled_words(x, qw, s, z, None, bits, 32, TILED_CFGS[1])
+    out = wna16_tiled_words(x, qw, s, z, None, bits, 32, {**TILED_CFGS[1], "SWAP_AB": bits == 8})
     assert_close_to_ref(out, x, qw, s, z, None, bits, 32)
 
 
