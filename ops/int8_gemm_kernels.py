@@ -53,7 +53,7 @@ import triton.language as tl
 def _int8_gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
     M, N, K, K_HALF,
-    W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
+    W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr, GS_PARTIAL: tl.constexpr,
     X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
@@ -118,7 +118,7 @@ def _int8_gemm_kernel(
                 lo = (s << 4) >> 4  # sign-extended low nibble: even k
                 hi = s >> 4  # sign-extended high nibble: odd k
             w = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
-            if GROUPED:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
+            if GROUPED and not GS_PARTIAL:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
                 w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
             w_ptrs += BLOCK_K // 2
         else:
@@ -127,7 +127,14 @@ def _int8_gemm_kernel(
             else:
                 w = tl.load(w_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0)
             w_ptrs += BLOCK_K
-        acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
+        if GROUPED and GS_PARTIAL and W4:
+            # the tile's exact int32 partial times its integer group scale: BLOCK_N x BLOCK_M
+            # multiplies per tile instead of BLOCK_N x BLOCK_K int8 ones; |partial| <= 2**14 * 64
+            # ... and the sum is the same integer as with w_int = q * gs (associativity)
+            part = tl.dot(w, xt, out_dtype=tl.int32)
+            acc += part * tl.load(gs_rows + k0 // 128).to(tl.int32)[:, None]
+        else:
+            acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
         x_ptrs += BLOCK_K
 
     mask = mask_n[:, None] & mask_m[None, :]
@@ -205,9 +212,10 @@ def _bf16_rne(y):
 
 # ---------------------------------------------------------------- launcher and configs
 
-def _config(bm, bn, bk, split_k=1, warps=4, stages=4, group_n=8, unpack_asm=0):
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split_k,
-            "GROUP_N": group_n, "num_warps": warps, "num_stages": stages, "UNPACK_ASM": unpack_asm}
+def _config(bm, bn, bk, split_k=1, warps=4, stages=4, group_n=8, unpack_asm=0, gs_partial=0):
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split_k,
+           "GROUP_N": group_n, "num_warps": warps, "num_stages": stages, "UNPACK_ASM": unpack_asm}
+    return dict(cfg, GS_PARTIAL=1) if gs_partial else cfg
 
 
 def _split_for(m, n, k, bm, bn, bk, sms):
@@ -224,7 +232,16 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
     the inline-PTX nibble unpack (which the Triton interpreter cannot run)."""
     base = _tile_configs(m, n, k, group_size, sms)
-    return base + [dict(c, UNPACK_ASM=1) for c in base] if w4_asm else base
+    if not w4_asm:
+        return base
+    from .w4a8_gemv import gemv_configs
+
+    asm = [dict(c, UNPACK_ASM=1) for c in base]
+    # new families (SASS-counted, not yet timed on the H200), after the measured ones so the
+    # heuristic first candidate is unchanged: the int32-partial group scale (group 128, M <= 64)
+    # and the CUDA-core GEMV (M <= 8)
+    partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size == 128 and m <= 64]
+    return base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True)
 
 
 def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
@@ -276,10 +293,16 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         return out
     if k == 0:
         raise ValueError("run_int8_gemm: K must be positive (the ops send K == 0 to their reference)")
+    if config.get("KERNEL") == "gemv":
+        from .w4a8_gemv import run_w4a8_gemv
+
+        return run_w4a8_gemv(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=config)
     cfg = dict(config)
+    cfg.pop("KERNEL", None)
     bm, bn, bk, split = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     group_n, warps, stages = cfg.pop("GROUP_N"), cfg.pop("num_warps"), cfg.pop("num_stages")
     unpack_asm = bool(cfg.pop("UNPACK_ASM", 0)) and w4
+    gs_partial = bool(cfg.pop("GS_PARTIAL", 0))
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         buf = torch.zeros(m * n + tiles, dtype=torch.int32, device=xq.device)  # partial sums + arrival counters
@@ -292,7 +315,7 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         xq, xs, w, w_scale, group_scale if group_scale is not None else w_scale,
         bias if bias is not None else w_scale, out, acc_ws, counts,
         m, n, k, k // 2,
-        W4=w4, GROUPED=group_scale is not None, UNPACK_ASM=unpack_asm,
+        W4=w4, GROUPED=group_scale is not None, UNPACK_ASM=unpack_asm, GS_PARTIAL=gs_partial,
         X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
         W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
         HAS_BIAS=bias is not None,

@@ -1,0 +1,308 @@
+"""CUDA-core GEMV for ``w4a8_gemm`` at decode M (1..16): int32 weight words, integer dot products.
+
+Same math and bits as ops/int8_gemm_kernels.py (the op's contract)::
+
+    acc[m, n] = sum_k int32(xq[m, k]) * (u[n, k] - 8) * group_scale[n, k // 128]   exact int32
+    out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
+
+The tensor-core kernel spends ~6 (per-channel) to ~15-27 (group 128) SASS instructions per
+weight byte at M <= 16 unpacking nibbles into int8 MMA operands; a decode GEMV is
+issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never unpacked:
+
+* The documented layout read as little-endian int32 words holds codes ``8w .. 8w + 7`` of
+  word ``w``; byte b holds code ``8w + 2b`` (low nibble) and ``8w + 2b + 1`` (high nibble).
+  ``lo = word & 0x0F0F0F0F`` has the four even codes as unsigned bytes, ``hi = word &
+  0xF0F0F0F0`` the four odd codes times 16 (<= 240, still one unsigned byte).
+* The activations of the word, two int32 words ``xa = x[8w .. 8w+3]``, ``xb = x[8w+4 ..]``,
+  are byte-permuted once per column (shared by every weight row of the thread):
+  ``xe = [xa.b0, xa.b2, xb.b0, xb.b2]`` (even k), ``xo = [xa.b1, xa.b3, xb.b1, xb.b3]``.
+* ``dp4a(a, b, c) = c + sum_b ubyte(a)_b * sbyte(b)_b`` (one IDP4A on sm_61+), so per word
+  ``t_lo = dp4a(lo, xe, t_lo)``, ``t_hi = dp4a(hi, xo, t_hi)``: two LOP3 + two IDP4A for eight
+  codes (times the token count for the IDP4As). ``t_hi`` is 16x its dot product, so
+  ``t_hi >> 4`` is exact.
+* The codes are ``u``, the weights ``u - 8``: ``- 8 * sum x`` per column, by
+  ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, again per column.
+* A tile covers 4 consecutive words of BLOCK_W columns per row (16-byte loads), at most 16
+  words = 128 codes, so with group 128 it lies in one group and its exact int32 partial is
+  multiplied by the integer group scale (``acc += (t_lo + (t_hi >> 4) + cx) * gs``):
+  grouped costs one IMAD per tile-row more than per-channel, not one multiply per weight.
+
+Every partial is an exact integer; |t_lo| <= 16 * 15 * 128, |t_hi| <= 16 * 240 * 128, and
+the running per-lane sum is bounded by the op's |acc| <= K * 2**14 < 2**31 (K <= MAX_K).
+Split-K adds exact int32 partials (atomics, any order) and the last split runs the float
+epilogue, as the tensor-core kernel, so the output is bit-identical to the reference.
+
+``DP4A_ASM`` (GPU): ``dp4a`` and the byte permute as inline PTX (``dp4a.u32.s32``,
+``prmt.b32``); the interpreter path spells the same functions in shifts and masks.
+Needs K % (32 * BLOCK_W) == 0 per split (:func:`gemv_supported`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .int8_gemm_kernels import _epilogue
+
+_HI_MASK = tl.constexpr(-252645136)  # 0xF0F0F0F0 as an int32
+_MINUS_8 = tl.constexpr(-117901064)  # 0xF8F8F8F8: four signed bytes of -8
+_BYTE3 = tl.constexpr(-16777216)  # 0xFF000000
+
+
+@triton.jit
+def _dp4a_u(a, b, c, ASM: tl.constexpr):
+    """``c + sum_i ubyte_i(a) * sbyte_i(b)`` (int32)."""
+    if ASM:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for i in tl.static_range(4):
+            c += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)
+        return c
+
+
+@triton.jit
+def _dp4a_s(a, b, c, ASM: tl.constexpr):
+    """``c + sum_i sbyte_i(a) * sbyte_i(b)`` (int32)."""
+    if ASM:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for i in tl.static_range(4):
+            c += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+        return c
+
+
+@triton.jit
+def _even_odd_bytes(xa, xb, ASM: tl.constexpr):
+    """``([xa.b0, xa.b2, xb.b0, xb.b2], [xa.b1, xa.b3, xb.b1, xb.b3])`` as int32 words."""
+    if ASM:
+        xe = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6420;", "=r,r,r", [xa, xb],
+                                       dtype=tl.int32, is_pure=True, pack=1)
+        xo = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7531;", "=r,r,r", [xa, xb],
+                                       dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        xe = (xa & 0xFF) | ((xa >> 8) & 0xFF00) | ((xb << 16) & 0xFF0000) | ((xb << 8) & _BYTE3)
+        xo = ((xa >> 8) & 0xFF) | ((xa >> 16) & 0xFF00) | ((xb << 8) & 0xFF0000) | (xb & _BYTE3)
+    return xe, xo
+
+
+@triton.jit
+def _split4(t):
+    """``[..., 4]`` -> its four slices ``[...]`` (in-thread registers: the 4 axis is per thread)."""
+    a, b = tl.split(t.reshape(t.shape[:-1] + (2, 2)))  # a: j = 0, 2; b: j = 1, 3
+    t0, t2 = tl.split(a)
+    t1, t3 = tl.split(b)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM: tl.constexpr):
+    """One token over the tile: (``sum_k u * x[k]`` per row and column [BLOCK_N, BLOCK_W],
+    ``-8 * sum_k x[k]`` per column [BLOCK_W]), both exact int32."""
+    xw = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_W, 8] activation words of the column's 4 weight words
+    xa, xb = tl.split(xw.reshape(xw.shape[0], 4, 2))  # [BLOCK_W, 4]: x[8w .. 8w+3], x[8w+4 .. 8w+7]
+    xe, xo = _even_odd_bytes(xa, xb, ASM)
+    xe0, xe1, xe2, xe3 = _split4(xe)
+    xo0, xo1, xo2, xo3 = _split4(xo)
+    minus8 = tl.full(xe0.shape, _MINUS_8, tl.int32)
+    cx = _dp4a_s(minus8, xe0, tl.zeros_like(xe0), ASM)  # per column: shared by every row of the thread
+    cx = _dp4a_s(minus8, xe1, cx, ASM)
+    cx = _dp4a_s(minus8, xe2, cx, ASM)
+    cx = _dp4a_s(minus8, xe3, cx, ASM)
+    cx = _dp4a_s(minus8, xo0, cx, ASM)
+    cx = _dp4a_s(minus8, xo1, cx, ASM)
+    cx = _dp4a_s(minus8, xo2, cx, ASM)
+    cx = _dp4a_s(minus8, xo3, cx, ASM)
+    t_lo = _dp4a_u(lo0, xe0[None, :], tl.zeros_like(lo0), ASM)
+    t_lo = _dp4a_u(lo1, xe1[None, :], t_lo, ASM)
+    t_lo = _dp4a_u(lo2, xe2[None, :], t_lo, ASM)
+    t_lo = _dp4a_u(lo3, xe3[None, :], t_lo, ASM)
+    t_hi = _dp4a_u(hi0, xo0[None, :], tl.zeros_like(hi0), ASM)
+    t_hi = _dp4a_u(hi1, xo1[None, :], t_hi, ASM)
+    t_hi = _dp4a_u(hi2, xo2[None, :], t_hi, ASM)
+    t_hi = _dp4a_u(hi3, xo3[None, :], t_hi, ASM)
+    return t_lo + (t_hi >> 4), cx  # t_hi is 16x the odd-k dot product: the shift is exact
+
+
+@triton.jit
+def _accumulate(acc, sx, x_ptrs, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED: tl.constexpr, ASM: tl.constexpr):
+    """Add one token's tile to its int32 lanes ``acc`` [BLOCK_N, BLOCK_W] (and, per-channel, its
+    ``-8 * sum x`` to the per-column ``sx`` [BLOCK_W], applied once at the end)."""
+    part, cx = _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM)
+    if GROUPED:
+        acc += (part + cx[None, :]) * gs  # exact: the tile lies in one group, gs an integer
+    else:
+        acc += part
+        sx += cx
+    return acc, sx
+
+
+@triton.jit
+def _finish(acc, sx, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, offs_n, rn, M, N, split_k,
+            SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Row ``m`` of the output from its int32 lanes: sum, split-K reduction, float epilogue."""
+    res = (tl.sum(acc, axis=1) + tl.sum(sx, axis=0))[:, None]  # [BLOCK_N, 1] exact int32
+    offs_m = tl.full((1,), 0, tl.int32) + m
+    rows_m = tl.minimum(offs_m, M - 1)
+    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    if SPLIT:
+        ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+        tl.atomic_add(ws_ptrs, res, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial is issued before the counter moves
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")  # one counter per (weight tile, token)
+        if arrived == split_k - 1:
+            res = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")
+            _epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
+                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    else:
+        _epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
+                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _w4a8_gemv_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
+    M, N, KW4, W_PER_SPLIT, G,
+    GROUPED: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT: tl.constexpr,
+    DP4A_ASM: tl.constexpr,
+):  # fmt: skip
+    # x_ptr / w_ptr: int32 words. KW4 = K // 32: row lengths are passed divided by 4 words so
+    # that Triton sees 16-byte aligned rows and loads 4 words per thread (one LDG.128).
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m0 = tl.program_id(2) * BLOCK_M
+    split_k = tl.num_programs(1)
+    tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)  # clamped rows keep the loads in bounds; stores are masked
+    w_rows = w_ptr + rn.to(tl.int64)[:, None, None] * (KW4 * 4)
+    offs_c = tl.arange(0, BLOCK_W)
+    offs_j = tl.arange(0, 4)
+    wcol = offs_c[:, None] * 4 + offs_j[None, :]  # [BLOCK_W, 4] word offsets in the tile
+    xcol = 8 * offs_c[:, None] + tl.arange(0, 8)[None, :]  # [BLOCK_W, 8] activation words
+    w_start = pid_k * W_PER_SPLIT
+    x_row_words = KW4 * 8  # K // 4
+    # tokens past M recompute token M - 1; their stores are masked
+    x0 = x_ptr + tl.minimum(m0, M - 1).to(tl.int64) * x_row_words + 2 * w_start + xcol
+    x1 = x_ptr + tl.minimum(m0 + 1, M - 1).to(tl.int64) * x_row_words + 2 * w_start + xcol
+    x2 = x_ptr + tl.minimum(m0 + 2, M - 1).to(tl.int64) * x_row_words + 2 * w_start + xcol
+    x3 = x_ptr + tl.minimum(m0 + 3, M - 1).to(tl.int64) * x_row_words + 2 * w_start + xcol
+    w_ptrs = w_rows + (w_start + wcol)[None, :, :]
+
+    acc0 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
+    sx0 = tl.zeros((BLOCK_W,), dtype=tl.int32)
+    sx1 = tl.zeros((BLOCK_W,), dtype=tl.int32)
+    sx2 = tl.zeros((BLOCK_W,), dtype=tl.int32)
+    sx3 = tl.zeros((BLOCK_W,), dtype=tl.int32)
+    gs = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
+    # [BLOCK_N, BLOCK_W] (one scale per row, repeated per column) so that the scale arrives in
+    # the accumulator's layout: a [BLOCK_N] load went through shared memory (STS + 2 BAR + LDS)
+    gs_rows = gs_ptr + (rn.to(tl.int64) * G)[:, None] + 0 * offs_c[None, :]
+    for it in range(0, W_PER_SPLIT // (4 * BLOCK_W)):
+        words = tl.load(w_ptrs, eviction_policy="evict_first")  # [BLOCK_N, BLOCK_W, 4]
+        if GROUPED:  # 4 * BLOCK_W words <= 16 = one group: the tile's scale is one per row
+            gs = tl.load(gs_rows + (w_start + it * (4 * BLOCK_W)) // 16).to(tl.int32)  # group of word w0
+        lo0, lo1, lo2, lo3 = _split4(words & 0x0F0F0F0F)  # even codes, unsigned bytes
+        hi0, hi1, hi2, hi3 = _split4(words & _HI_MASK)  # odd codes x 16, unsigned bytes
+        acc0, sx0 = _accumulate(acc0, sx0, x0, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+        if BLOCK_M > 1:
+            acc1, sx1 = _accumulate(acc1, sx1, x1, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+        if BLOCK_M > 2:
+            acc2, sx2 = _accumulate(acc2, sx2, x2, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+            acc3, sx3 = _accumulate(acc3, sx3, x3, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+        w_ptrs += 4 * BLOCK_W
+        x0 += 8 * BLOCK_W
+        x1 += 8 * BLOCK_W
+        x2 += 8 * BLOCK_W
+        x3 += 8 * BLOCK_W
+
+    _finish(acc0, sx0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
+            SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    if BLOCK_M > 1:
+        _finish(acc1, sx1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
+                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    if BLOCK_M > 2:
+        _finish(acc2, sx2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
+                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        _finish(acc3, sx3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
+                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def gemv_supported(k: int, group_size: int, cfg: dict) -> bool:
+    """Whether config ``cfg`` can run K: whole 4-word tiles in every split, one group per tile."""
+    kw, tile = k // 8, 4 * cfg["BLOCK_W"]
+    if k % 32 or kw % (tile * cfg["SPLIT_K"]):
+        return False
+    return group_size != 128 or 16 % tile == 0
+
+
+def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
+    """Launch with ``config`` = {BLOCK_M (1, 2, 4), BLOCK_N, BLOCK_W, SPLIT_K, num_warps, DP4A_ASM};
+    arguments already checked by the op, and ``gemv_supported``. Returns [M, N]."""
+    import torch
+
+    m, k = xq.shape
+    n = qweight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0 or n == 0:
+        return out
+    bm, bn, bw, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_W"], config["SPLIT_K"]
+    if bm not in (1, 2, 4) or not gemv_supported(k, -1 if group_scale is None else 128, config):
+        raise ValueError(f"run_w4a8_gemv: config {config} cannot run K={k}")
+    grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
+    if split > 1:
+        tiles = grid[0] * grid[2] * bm
+        buf = torch.zeros(m * n + tiles, dtype=torch.int32, device=xq.device)  # partial sums + arrival counters
+        acc_ws, counts = buf[: m * n], buf[m * n:]
+    else:
+        acc_ws = counts = out  # never touched without split-K
+    x_words = xq.contiguous().view(torch.int32)  # [M, K // 4]
+    w_words = qweight.view(torch.int32)  # [N, K // 8]
+    _w4a8_gemv_kernel[grid](
+        x_words, x_scale.reshape(-1).contiguous(), w_words, w_scale,
+        group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,
+        out, acc_ws, counts,
+        m, n, k // 32, k // 8 // split, k // 128,
+        GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_W=bw, SPLIT=split > 1,
+        DP4A_ASM=bool(config.get("DP4A_ASM", 0)),
+        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 2), enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+# (BLOCK_N, BLOCK_W, num_warps) per token tile, from the sm_90 SASS of the loop (instructions
+# per weight byte, DP4A_ASM, triton 3.7.1): BLOCK_M = 1: 1.8-2.2 per-channel, 2.1-2.6 group 128;
+# 2: 2.6-3.5; 4: 4.2-5.6 (the tensor-core kernel: 5.7-6.7 per-channel, 15-27 group 128 before
+# its int32-partial variant, 6.5-8.4 with it).
+_SHAPES = {1: ((256, 2, 4), (256, 4, 4), (512, 1, 4), (128, 2, 4)),
+           2: ((256, 4, 4), (256, 2, 4), (512, 2, 8)),
+           4: ((256, 4, 4), (256, 2, 4), (512, 2, 8))}
+
+
+def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -> list[dict]:
+    """GEMV candidates for M <= 8 (token tiles of 1, 2 or 4), split-K up to >= 2 programs per SM."""
+    if m > 8:
+        return []
+    bm = 1 if m == 1 else 2 if m == 2 else 4
+    out = []
+    for bn, bw, warps in _SHAPES[bm]:
+        cfg = {"KERNEL": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
+               "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
+        if not gemv_supported(k, group_size, cfg):
+            continue
+        programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+        split = 1  # double while short of 2 programs per SM and each split keeps >= 4 tiles
+        while programs * split < 2 * sms and gemv_supported(k, group_size, dict(cfg, SPLIT_K=2 * split)) \
+                and k // 8 // (2 * split) >= 16 * bw and split < 16:
+            split *= 2
+        out += [dict(cfg, SPLIT_K=s) for s in dict.fromkeys((split, max(1, split // 2)))]
+    return out
