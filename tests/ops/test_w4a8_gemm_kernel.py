@@ -17,6 +17,7 @@ from qfuse.ops._int_matmul import int8_matmul_nt
 from qfuse.ops.int4_packing import pack_int4
 from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
 from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
+from qfuse.ops.w4a8_gemv import gemv_configs, gemv_supported, run_w4a8_gemv
 
 from .test_w8a8_gemm_kernel import SHAPES, assert_bitwise, kernel_acc
 
@@ -107,6 +108,82 @@ def test_group_scale_is_applied_per_group():
     assert not torch.equal(out, flipped)
 
 
+def gemv_cfg(bm, bn, bw, split, asm=0):
+    return {"KERNEL": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
+            "num_warps": 4, "num_stages": 2, "DP4A_ASM": asm}
+
+
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_group_partial_accumulator_exact(m):
+    """GS_PARTIAL: int32 partial per 128-K tile times its group scale, split over K."""
+    n, k = 40, 384
+    xq, _, qweight, _, gs, _ = make_w4a8(m, n, k, 128)
+    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=_config(16, 32, 64, 2, gs_partial=1))
+    assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, 128)))
+
+
+# GEMV (ops/w4a8_gemv.py) under the interpreter: the same data movement as on the GPU, with
+# dp4a / prmt spelled in shifts and masks (DP4A_ASM=0). Each case is 1-2 s: few programs.
+@pytest.mark.parametrize("m,bm,group_size,split,out_dtype,per_token", [
+    (1, 1, -1, 1, torch.bfloat16, True),
+    (1, 1, 128, 2, torch.float16, True),
+    (2, 2, 128, 1, torch.bfloat16, False),
+    (2, 2, -1, 2, torch.float16, True),
+    (7, 4, 128, 2, torch.bfloat16, True),  # two token tiles, the second past M
+    (7, 4, -1, 1, torch.bfloat16, False),
+])
+def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dtype, per_token):
+    args = make_w4a8(m, 40, 512, group_size, per_token=per_token, out_dtype=out_dtype)  # N = 40: a clamped row tile
+    out = run_int8_gemm(*args, out_dtype, w4=True, config=gemv_cfg(bm, 32, 4, split))
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
+    fake_quant_check(out, *args, group_size)
+
+
+def test_gemv_split_inside_a_group():
+    """12 words per split: tiles start mid-group, so each tile must find its own group."""
+    xq, xs, qweight, ws, gs, b = make_w4a8(2, 24, 384, 128)
+    out = run_w4a8_gemv(xq, xs, qweight, ws, gs, b, torch.bfloat16, config=gemv_cfg(2, 16, 1, 4))
+    assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, gs, b, 128, torch.bfloat16))
+
+
+def test_gemv_accumulator_extremes():
+    """xq = -128 against w_int = -128 (u = 0, gs = 16) and 112 (u = 15): |acc| = K * 2**14, the
+    largest per product, and the odd codes' byte 0xF0 * -128 in the dp4a of the high nibbles."""
+    k = 1024
+    xq = torch.full((1, k), -128, dtype=torch.int8)
+    codes = torch.zeros((32, k), dtype=torch.uint8)
+    codes[1::2] = 15
+    gs = torch.full((32, k // 128), 16, dtype=torch.int8)
+    one = torch.ones(1)
+    out = run_w4a8_gemv(xq, one, pack_int4(codes), one, gs, None, torch.float32, config=gemv_cfg(1, 32, 4, 2))
+    assert torch.equal(out.to(torch.int32), int8_matmul_nt(xq, w4a8_int_weight(pack_int4(codes), gs, 128)))
+    assert out.abs().max() == k * 2**14
+
+
+def test_gemv_rejects_what_it_cannot_tile():
+    assert not gemv_supported(48, -1, gemv_cfg(1, 32, 1, 1))  # K % 32
+    assert not gemv_supported(128, 128, gemv_cfg(1, 32, 8, 1))  # a 32-word tile spans two groups
+    assert gemv_supported(128, -1, gemv_cfg(1, 32, 4, 1)) and not gemv_supported(128, -1, gemv_cfg(1, 32, 4, 2))
+    args = make_w4a8(1, 8, 48)
+    with pytest.raises(ValueError):
+        run_w4a8_gemv(*args[:5], None, torch.bfloat16, config=gemv_cfg(1, 32, 1, 1))
+
+
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_new_candidates_are_extra(group_size):
+    """The GEMV / GS_PARTIAL families come after the measured ones (first candidate unchanged),
+    only where they can run; every GEMV config tiles its K."""
+    for m in (1, 2, 4, 8, 16, 64):
+        for n, k in SHAPES:
+            old = candidate_configs(m, n, k, group_size, 132)
+            new = candidate_configs(m, n, k, group_size, 132, w4_asm=True)
+            assert new[: len(old)] == old
+            gemv = [c for c in new if c.get("KERNEL") == "gemv"]
+            assert bool(gemv) == (m <= 8) and all(gemv_supported(k, group_size, c) for c in gemv)
+            assert any(c.get("GS_PARTIAL") for c in new) == (group_size == 128 and m <= 64)
+    assert gemv_configs(16, 4096, 4096, -1, 132, asm=True) == []
+
+
 # --------------------------------------------------------------- GPU grid (H200)
 
 GRID_M = [1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096]
@@ -174,3 +251,38 @@ def test_gpu_rejects_bad_input():
         torch.ops.qfuse.w4a8_gemm(xq, xs, qw, ws, None, b, 128, torch.bfloat16)
     with pytest.raises(TypeError):
         torch.ops.qfuse.w4a8_gemm(xq, xs, qw.to(torch.int8), ws, gs, b, 128, torch.bfloat16)
+
+
+GEMV_M = [1, 2, 3, 4, 7, 8]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("n,k", SHAPES + ODD_SHAPES)
+def test_gpu_gemv_every_config(n, k, group_size):
+    """Every GEMV candidate (inline-PTX dp4a / prmt) bit for bit against the reference."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m in GEMV_M:
+        args = make_w4a8(m, n, k, group_size, device="cuda", bias=(n, k) in ODD_SHAPES)
+        ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
+        cfgs = gemv_configs(m, n, k, group_size, sms, asm=True)
+        assert cfgs or k % 32  # every shape here but none tiles K = 98 / 130
+        for cfg in cfgs:
+            assert_bitwise(run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_gpu_gemv_fake_quant_and_graph(group_size):
+    args = make_w4a8(3, 4096, 4096, group_size, device="cuda", out_dtype=torch.float16)
+    cfg = gemv_configs(3, 4096, 4096, group_size, 132, asm=True)[0]
+    assert cfg["SPLIT_K"] > 1  # the atomics + last-arrival epilogue path
+    run = lambda: run_int8_gemm(*args, torch.float16, w4=True, config=cfg)  # noqa: E731
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    args[0].copy_(torch.randint(-128, 128, args[0].shape, dtype=torch.int8, device="cuda"))
+    graph.replay()
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.float16))
+    fake_quant_check(out, *args, group_size)
