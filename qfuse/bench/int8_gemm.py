@@ -11,6 +11,9 @@ Per (N x K shape, M), medians in microseconds, all in one run:
   ``A8W4_HQQ_INT_dynamic`` (per-channel; fp8 activations), if gemlite imports. Their
   figures include gemlite's own dynamic activation quantization; ours start from int8;
 * ``floor_w8a8_us``, ``floor_w4a8_us``: bytes moved / measured copy bandwidth;
+* ``w4a8_pc_<family>_us``, ``w4a8_g128_<family>_us``: the best config of each W4A8 kernel
+  family (:func:`config_family`: tensor-core tiles with int8-op or PTX unpack, the
+  int32-partial group scale, the dp4a GEMV, the int8-weight pass + W8A8), all in this run;
 * ``*_eager_us``: one eager call, Python launch overhead included.
 
 Kernel times are CUDA-graph replays over enough weight copies to stream > 3x L2 per
@@ -139,6 +142,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
             if name not in our_ops:
                 continue
             best = None
+            family_best: dict = {}
             expected = reference()
             for cfg in candidate_configs(m, n, k, group, sms, w4_asm=name != "w8a8"):
                 try:
@@ -153,10 +157,13 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                     continue
                 if best is None or us < best[0]:
                     best = (us, cfg)
+                fam = config_family(cfg)
+                family_best[fam] = min(family_best.get(fam, us), us)
             if best is not None:
                 row[f"{name}_us"] = round(best[0], 2)
-                row[f"{name}_cfg"] = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**best[1]) + (
-                    "/asm" if best[1].get("UNPACK_ASM") else "")
+                row[f"{name}_cfg"] = config_label(best[1])
+                for fam, us in family_best.items():  # each kernel family's best, side by side
+                    row[f"{name}_{fam}_us"] = round(us, 2)
                 tuned["|".join(str(v) for v in (op, device_name(dev), m_bucket(m), *key))] = best[1]
         if eager and m in (1, 16):  # launch overhead: the op's full Python path, one call
             if "w8a8" in our_ops:
@@ -180,11 +187,33 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
     return rows
 
 
+def config_family(cfg: dict) -> str:
+    """Which kernel a candidate runs: ``tc`` (tensor-core tile kernel, int8-op unpack), ``asm``
+    (inline-PTX unpack), ``gsp`` (asm + int32-partial group scale), ``gemv`` (dp4a GEMV),
+    ``w8`` (int4 -> int8 weight pass + the W8A8 kernel)."""
+    if cfg.get("KERNEL"):
+        return cfg["KERNEL"]
+    if cfg.get("GS_PARTIAL"):
+        return "gsp"
+    return "asm" if cfg.get("UNPACK_ASM") else "tc"
+
+
+def config_label(cfg: dict) -> str:
+    if cfg.get("KERNEL") == "gemv":
+        return "gemv/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg)
+    label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**cfg)
+    fam = config_family(cfg)
+    return label + ("" if fam == "tc" else "/" + fam)
+
+
 def markdown_table(rows) -> str:
     cols = [("shape", "N x K"), ("M", "M"), ("bf16_us", "bf16 us"), ("int_mm_us", "_int_mm+epi us"),
             ("w8a8_us", "w8a8 us"), ("w8a8_x_bf16", "w8a8 x bf16"), ("w8a8_x_int_mm", "w8a8 x _int_mm"),
             ("w4a8_pc_us", "w4a8 pc us"), ("w4a8_pc_x_bf16", "w4a8 pc x bf16"), ("w4a8_g128_us", "w4a8 g128 us"),
-            ("g128_over_pc", "g128/pc"), ("gemlite_a8w8_us", "gemlite a8w8 us"), ("gemlite_a8w4_us", "gemlite a8w4 us"),
+            ("w4a8_g128_x_bf16", "w4a8 g128 x bf16"), ("g128_over_pc", "g128/pc"),
+            ("w4a8_pc_gemv_us", "pc gemv us"), ("w4a8_g128_gemv_us", "g128 gemv us"), ("w4a8_g128_gsp_us", "g128 gsp us"),
+            ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_g128_w8_us", "g128 w8 us"),
+            ("w4a8_pc_cfg", "pc cfg"), ("w4a8_g128_cfg", "g128 cfg"), ("gemlite_a8w8_us", "gemlite a8w8 us"), ("gemlite_a8w4_us", "gemlite a8w4 us"),
             ("floor_w8a8_us", "floor w8a8 us"), ("floor_w4a8_us", "floor w4a8 us"), ("w8a8_eager_us", "w8a8 eager us")]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
