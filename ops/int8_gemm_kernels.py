@@ -241,7 +241,9 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     # heuristic first candidate is unchanged: the int32-partial group scale (group 128, M <= 64)
     # and the CUDA-core GEMV (M <= 8)
     partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size == 128 and m <= 64]
-    return base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True)
+    # M > 64: int4 -> int8 weight pass (ops/w4a8_int8_weight.py), then the W8A8 kernel's configs
+    w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms)] if m > 64 and k % 8 == 0 else []
+    return base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + w8
 
 
 def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
@@ -297,8 +299,12 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         from .w4a8_gemv import run_w4a8_gemv
 
         return run_w4a8_gemv(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=config)
+    if config.get("KERNEL") == "w8":
+        from .w4a8_int8_weight import w4_to_int8
+
+        w8_cfg = {key: v for key, v in config.items() if key != "KERNEL"}
+        return run_int8_gemm(xq, x_scale, w4_to_int8(w, group_scale), w_scale, None, bias, out_dtype, w4=False, config=w8_cfg)
     cfg = dict(config)
-    cfg.pop("KERNEL", None)
     bm, bn, bk, split = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     group_n, warps, stages = cfg.pop("GROUP_N"), cfg.pop("num_warps"), cfg.pop("num_stages")
     unpack_asm = bool(cfg.pop("UNPACK_ASM", 0)) and w4

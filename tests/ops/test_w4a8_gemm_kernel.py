@@ -18,6 +18,7 @@ from qfuse.ops.int4_packing import pack_int4
 from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
 from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
 from qfuse.ops.w4a8_gemv import gemv_configs, gemv_supported, run_w4a8_gemv
+from qfuse.ops.w4a8_int8_weight import w4_to_int8
 
 from .test_w8a8_gemm_kernel import SHAPES, assert_bitwise, kernel_acc
 
@@ -171,8 +172,8 @@ def test_gemv_rejects_what_it_cannot_tile():
 
 @pytest.mark.parametrize("group_size", [-1, 128])
 def test_new_candidates_are_extra(group_size):
-    """The GEMV / GS_PARTIAL families come after the measured ones (first candidate unchanged),
-    only where they can run; every GEMV config tiles its K."""
+    """The GEMV / GS_PARTIAL / int8-weight-pass families come after the measured ones (first
+    candidate unchanged), only where they can run; every GEMV config tiles its K."""
     for m in (1, 2, 4, 8, 16, 64):
         for n, k in SHAPES:
             old = candidate_configs(m, n, k, group_size, 132)
@@ -181,7 +182,28 @@ def test_new_candidates_are_extra(group_size):
             gemv = [c for c in new if c.get("KERNEL") == "gemv"]
             assert bool(gemv) == (m <= 8) and all(gemv_supported(k, group_size, c) for c in gemv)
             assert any(c.get("GS_PARTIAL") for c in new) == (group_size == 128 and m <= 64)
+            assert any(c.get("KERNEL") == "w8" for c in new) == (m > 64)
     assert gemv_configs(16, 4096, 4096, -1, 132, asm=True) == []
+
+
+@pytest.mark.parametrize("n,k,group_size", [(40, 512, 128), (33, 392, -1)])
+def test_int8_weight_pass_exact(n, k, group_size):
+    """The packed-arithmetic int4 -> int8 pass equals the reference's operand, extremes included."""
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    codes[0], codes[1] = 0, 15  # w_int -128 and 112 with gs = 16
+    gs = torch.randint(1, 17, (n, k // 128), dtype=torch.int8) if group_size == 128 else None
+    if gs is not None:
+        gs[:2] = 16
+    qw = pack_int4(codes)
+    assert torch.equal(w4_to_int8(qw, gs, block_n=16, block_w=16), w4a8_int_weight(qw, gs, group_size))
+
+
+@pytest.mark.parametrize("group_size", [-1, 128])
+def test_int8_weight_then_w8a8_matches_reference(group_size):
+    args = make_w4a8(70, 48, 256, group_size)
+    cfg = dict(_config(32, 32, 64, 1), KERNEL="w8")
+    out = run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg)
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
 
 
 # --------------------------------------------------------------- GPU grid (H200)
