@@ -109,9 +109,9 @@ def test_group_scale_is_applied_per_group():
     assert not torch.equal(out, flipped)
 
 
-def gemv_cfg(bm, bn, bw, split, asm=0):
+def gemv_cfg(bm, bn, bw, split, prefetch=0):
     return {"KERNEL": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
-            "num_warps": 4, "num_stages": 2, "DP4A_ASM": asm}
+            "num_warps": 4, "num_stages": 2, "DP4A_ASM": 0, "PREFETCH": prefetch}
 
 
 @pytest.mark.parametrize("m", [1, 7, 33])
@@ -125,17 +125,17 @@ def test_group_partial_accumulator_exact(m):
 
 # GEMV (ops/w4a8_gemv.py) under the interpreter: the same data movement as on the GPU, with
 # dp4a / prmt spelled in shifts and masks (DP4A_ASM=0). Each case is 1-2 s: few programs.
-@pytest.mark.parametrize("m,bm,group_size,split,out_dtype,per_token", [
-    (1, 1, -1, 1, torch.bfloat16, True),
-    (1, 1, 128, 2, torch.float16, True),
-    (2, 2, 128, 1, torch.bfloat16, False),
-    (2, 2, -1, 2, torch.float16, True),
-    (7, 4, 128, 2, torch.bfloat16, True),  # two token tiles, the second past M
-    (7, 4, -1, 1, torch.bfloat16, False),
+@pytest.mark.parametrize("m,bm,group_size,split,out_dtype,per_token,prefetch", [
+    (1, 1, -1, 1, torch.bfloat16, True, 0),
+    (1, 1, 128, 2, torch.float16, True, 1),
+    (2, 2, 128, 1, torch.bfloat16, False, 1),
+    (2, 2, -1, 2, torch.float16, True, 0),
+    (7, 4, 128, 2, torch.bfloat16, True, 0),  # two token tiles, the second past M
+    (7, 4, -1, 1, torch.bfloat16, False, 1),
 ])
-def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dtype, per_token):
+def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dtype, per_token, prefetch):
     args = make_w4a8(m, 40, 512, group_size, per_token=per_token, out_dtype=out_dtype)  # N = 40: a clamped row tile
-    out = run_int8_gemm(*args, out_dtype, w4=True, config=gemv_cfg(bm, 32, 4, split))
+    out = run_int8_gemm(*args, out_dtype, w4=True, config=gemv_cfg(bm, 32, 4, split, prefetch))
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
     fake_quant_check(out, *args, group_size)
 
@@ -143,7 +143,7 @@ def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dty
 def test_gemv_split_inside_a_group():
     """12 words per split: tiles start mid-group, so each tile must find its own group."""
     xq, xs, qweight, ws, gs, b = make_w4a8(2, 24, 384, 128)
-    out = run_w4a8_gemv(xq, xs, qweight, ws, gs, b, torch.bfloat16, config=gemv_cfg(2, 16, 1, 4))
+    out = run_w4a8_gemv(xq, xs, qweight, ws, gs, b, torch.bfloat16, config=gemv_cfg(2, 16, 1, 4, prefetch=1))
     assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, gs, b, 128, torch.bfloat16))
 
 
