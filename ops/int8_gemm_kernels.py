@@ -35,6 +35,16 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   result is bit-identical to SPLIT_K = 1 whatever order the splits land in.
   |acc| <= K * 2**14 holds for every partial and for the sum, so int32 is exact for
   K <= 131071 (the ops' MAX_K); at K = 131072, all-(-128) x all-(-128) gives 2**31, one past int32.
+* **Group scale as an int32 partial** (``GS_PARTIAL``, a W4A8 group-128 candidate): the
+  tile's dot of the unscaled codes ``(u - 8) @ xq^T`` times its ``[BLOCK_N]`` group scale,
+  added to the accumulator (exact: integer, |partial * gs| <= 2**14 * 128 * 16), instead of
+  the int8 multiply ``q * gs`` per weight element. sm_90 SASS of the decode loop, instructions
+  per weight byte (triton 3.7.1, PTX unpack): 16x128x128 15.4 -> 6.5, 16x64x128 17.0 -> 7.5,
+  16x32x128 27.1 -> 8.4 (per-channel 5.7-6.7); at 256x128x128 the [BLOCK_N, BLOCK_M] partial
+  spills (352 B of stack), so large M keeps the per-element product.
+* **Other W4A8 kernels** a config can name (``KERNEL``): ``"gemv"``, the dp4a GEMV of
+  ops/w4a8_gemv.py (M <= 8), and ``"w8"``, an int4 -> int8 weight pass
+  (ops/w4a8_int8_weight.py) followed by this kernel in its W8A8 form (M > 64).
 * **Epilogue order**: ``(acc * x_scale) * w_scale + bias`` in float32, as the
   reference; the launcher passes ``enable_fp_fusion=False`` so no FMA contracts the
   last two steps, which makes the output bit-identical to the reference (the GPU

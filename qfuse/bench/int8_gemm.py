@@ -36,6 +36,7 @@ from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_g
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
 OURS = ("w8a8", "w4a8_pc", "w4a8_g128")
+FAMILIES = ("tc", "asm", "gsp", "gemv", "w8")
 
 
 def _gemlite_layers(n, k, dev):
@@ -67,7 +68,7 @@ def warm_up_gpu(seconds: float = 0.5) -> None:
         torch.cuda.synchronize()
 
 
-def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True, our_ops=OURS):
+def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True, our_ops=OURS, families=None):
     dev = torch.device("cuda")
     dt = torch.bfloat16
     ops = torch.ops.qfuse
@@ -145,6 +146,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
             family_best: dict = {}
             expected = reference()
             for cfg in candidate_configs(m, n, k, group, sms, w4_asm=name != "w8a8"):
+                if families and name != "w8a8" and config_family(cfg) not in families:
+                    continue
                 try:
                     cs = make(cfg)
                     if not torch.equal(cs[0](), expected):  # a config is only a candidate if it is right
@@ -211,6 +214,7 @@ def markdown_table(rows) -> str:
             ("w8a8_us", "w8a8 us"), ("w8a8_x_bf16", "w8a8 x bf16"), ("w8a8_x_int_mm", "w8a8 x _int_mm"),
             ("w4a8_pc_us", "w4a8 pc us"), ("w4a8_pc_x_bf16", "w4a8 pc x bf16"), ("w4a8_g128_us", "w4a8 g128 us"),
             ("w4a8_g128_x_bf16", "w4a8 g128 x bf16"), ("g128_over_pc", "g128/pc"),
+            ("w4a8_pc_asm_us", "pc asm us"), ("w4a8_g128_asm_us", "g128 asm us"),
             ("w4a8_pc_gemv_us", "pc gemv us"), ("w4a8_g128_gemv_us", "g128 gemv us"), ("w4a8_g128_gsp_us", "g128 gsp us"),
             ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_g128_w8_us", "g128 w8 us"),
             ("w4a8_pc_cfg", "pc cfg"), ("w4a8_g128_cfg", "g128 cfg"), ("gemlite_a8w8_us", "gemlite a8w8 us"), ("gemlite_a8w4_us", "gemlite a8w4 us"),
@@ -230,6 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--gemlite-budget-s", type=float, default=40.0, help="stop adding gemlite points after this long")
     p.add_argument("--ops", nargs="+", choices=OURS, default=list(OURS), help="which qfuse kernels to time")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
+    p.add_argument("--families", nargs="+", choices=FAMILIES, default=None,
+                   help="W4A8 kernel families to time (default: all; see config_family)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("qfuse bench int8_gemm needs a CUDA device", file=sys.stderr)
@@ -248,7 +254,8 @@ def main(argv=None) -> int:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.lower().split("x"))
         log(f"{n}x{k}")
-        rows += bench_shape(n, k, args.m, bw, set(args.gemlite_m), budget, log, tuned, eager=not args.no_eager, our_ops=set(args.ops))
+        rows += bench_shape(n, k, args.m, bw, set(args.gemlite_m), budget, log, tuned, eager=not args.no_eager, our_ops=set(args.ops),
+                            families=set(args.families) if args.families else None)
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "autotune.json").write_text(json.dumps(tuned, indent=1, sort_keys=True))
