@@ -276,7 +276,12 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched without split-K
-    x_words = xq.contiguous().view(torch.int32)  # [M, K // 4]
+    xq = xq.contiguous()
+    if xq.storage_offset() % 4:  # viewing as int32 needs 4-byte aligned storage offsets
+        xq = xq.clone()
+    if qweight.storage_offset() % 4:
+        qweight = qweight.clone()
+    x_words = xq.view(torch.int32)  # [M, K // 4]
     w_words = qweight.view(torch.int32)  # [N, K // 8]
     _w4a8_gemv_kernel[grid](
         x_words, x_scale.reshape(-1).contiguous(), w_words, w_scale,

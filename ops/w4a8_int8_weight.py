@@ -69,6 +69,8 @@ def w4_to_int8(qweight, group_scale, block_n: int = 32, block_w: int = 64):
     if n == 0 or k == 0:
         return out
     kw = k // 8
+    if qweight.storage_offset() % 4:  # viewing as int32 needs a 4-byte aligned storage offset
+        qweight = qweight.clone()
     grid = (triton.cdiv(n, block_n), triton.cdiv(kw, block_w))
     _w4_to_int8_kernel[grid](
         qweight.view(torch.int32), group_scale if group_scale is not None else qweight, out.view(torch.int32),

@@ -161,6 +161,18 @@ def test_gemv_accumulator_extremes():
     assert out.abs().max() == k * 2**14
 
 
+def test_gemv_unaligned_storage():
+    """Operands at a storage offset that is not a multiple of 4 bytes (no int32 view) still run."""
+    xq, xs, qweight, ws, _, _ = make_w4a8(1, 8, 128)
+    xq_odd = torch.empty(129, dtype=torch.int8)[1:].view(1, 128)
+    xq_odd.copy_(xq)
+    qw_odd = torch.empty(8 * 64 + 2, dtype=torch.uint8)[2:].view(8, 64)
+    qw_odd.copy_(qweight)
+    out = run_w4a8_gemv(xq_odd, xs, qw_odd, ws, None, None, torch.bfloat16, config=gemv_cfg(1, 8, 1, 1))
+    assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, None, None, -1, torch.bfloat16))
+    assert torch.equal(w4_to_int8(qw_odd, None, block_n=8, block_w=8), w4a8_int_weight(qweight, None, -1))
+
+
 def test_gemv_rejects_what_it_cannot_tile():
     assert not gemv_supported(48, -1, gemv_cfg(1, 32, 1, 1))  # K % 32
     assert not gemv_supported(128, 128, gemv_cfg(1, 32, 8, 1))  # a 32-word tile spans two groups
