@@ -218,6 +218,59 @@ def test_int8_weight_then_w8a8_matches_reference(group_size):
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
 
 
+_SASS_SCRIPT = r"""
+import collections, json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel
+sig = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32", "gs_ptr": "*i8", "bias_ptr": "*bf16",
+       "out_ptr": "*bf16", "acc_ws_ptr": "*i32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW4": "i32",
+       "W_PER_SPLIT": "i32", "G": "i32"}
+nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+res = {}
+for grouped in (False, True):
+    consts = dict(GROUPED=grouped, X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=256,
+                  BLOCK_W=4, SPLIT=True, DP4A_ASM=True, PREFETCH=False)
+    src = ASTSource(_w4a8_gemv_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13)})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"]); f.flush()
+        lines = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout.splitlines()
+    best = None  # the hot loop: the longest region between a label and a backward branch to it
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\(\.L_x_(\d+)\)", line)
+        j = next((j for j, l in enumerate(lines[:i]) if m and l.strip() == f".L_x_{m.group(1)}:"), None)
+        if j is not None and (best is None or i - j > best[1] - best[0]):
+            best = (j, i)
+    body = [l for l in lines[best[0]:best[1] + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", l)]
+    res[str(grouped)] = (len(body), sum("IDP.4A" in l for l in body))
+print(json.dumps(res))
+"""
+
+
+def test_gemv_sass_budget():
+    """The dp4a GEMV's sm_90 loop stays cheap: <= 2.5 instructions per weight byte at M = 1 (counted
+    1.75 per-channel, 2.01 group 128, triton 3.7.1; the tile kernel: 5.7-6.7 and 6.5-27), using dp4a."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")):
+        pytest.skip("triton's bundled nvdisasm is not available")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _SASS_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    bytes_per_iter = 256 * 4 * 16 / 128  # [BLOCK_N, BLOCK_W, 4] int32 words over 128 threads
+    for grouped, (n_instr, n_dp4a) in json.loads(out.stdout.strip().splitlines()[-1]).items():
+        assert n_dp4a >= 64, (grouped, n_dp4a)  # 8 rows x 4 words x (lo, hi) per thread at least
+        assert n_instr / bytes_per_iter <= 2.5, (grouped, n_instr / bytes_per_iter)
+
+
 # --------------------------------------------------------------- GPU grid (H200)
 
 GRID_M = [1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096]
