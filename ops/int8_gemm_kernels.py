@@ -42,9 +42,10 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   per weight byte (triton 3.7.1, PTX unpack): 16x128x128 15.4 -> 6.5, 16x64x128 17.0 -> 7.5,
   16x32x128 27.1 -> 8.4 (per-channel 5.7-6.7); at 256x128x128 the [BLOCK_N, BLOCK_M] partial
   spills (352 B of stack), so large M keeps the per-element product.
-* **Other W4A8 kernels** a config can name (``KERNEL``): ``"gemv"``, the dp4a GEMV of
-  ops/w4a8_gemv.py (M <= 8), and ``"w8"``, an int4 -> int8 weight pass
-  (ops/w4a8_int8_weight.py) followed by this kernel in its W8A8 form (M > 64).
+* **Other kernels** a config can name (``KERNEL``): ``"gemv"``, the dp4a GEMV of
+  ops/w4a8_gemv.py (W4A8, M <= 8); ``"w8"``, an int4 -> int8 weight pass
+  (ops/w4a8_int8_weight.py) followed by this kernel in its W8A8 form (W4A8, M > 64);
+  ``"gemv8"``, the dp4a GEMV of ops/w8a8_gemv.py (W8A8, M <= 8).
 * **Epilogue order**: ``(acc * x_scale) * w_scale + bias`` in float32, as the
   reference; the launcher passes ``enable_fp_fusion=False`` so no FMA contracts the
   last two steps, which makes the output bit-identical to the reference (the GPU
@@ -238,10 +239,16 @@ def _split_for(m, n, k, bm, bn, bk, sms):
 
 
 @functools.lru_cache(maxsize=4096)  # pure in its arguments: 45 us -> 0.35 us of Python per call (CPU box)
-def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm: bool = False) -> list[dict]:
+def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm: bool = False,
+                      w8_gemv: bool = False) -> list[dict]:
     """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
-    the inline-PTX nibble unpack (which the Triton interpreter cannot run)."""
+    the inline-PTX nibble unpack (which the Triton interpreter cannot run) and the other W4A8
+    kernels; with ``w8_gemv`` (W8A8 on a GPU) the dp4a GEMV's configs too."""
     base = _tile_configs(m, n, k, group_size, sms)
+    if w8_gemv:  # W8A8 on a GPU: the dp4a GEMV (ops/w8a8_gemv.py) after the measured configs
+        from .w8a8_gemv import gemv8_configs
+
+        return base + gemv8_configs(m, n, k, sms, asm=True)
     if not w4_asm:
         return base
     from .w4a8_gemv import gemv_configs
@@ -305,6 +312,10 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         return out
     if k == 0:
         raise ValueError("run_int8_gemm: K must be positive (the ops send K == 0 to their reference)")
+    if config.get("KERNEL") == "gemv8":
+        from .w8a8_gemv import run_w8a8_gemv
+
+        return run_w8a8_gemv(xq, x_scale, w, w_scale, bias, out_dtype, config=config)
     if config.get("KERNEL") == "gemv":
         from .w4a8_gemv import run_w4a8_gemv
 
@@ -349,7 +360,8 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     m, k = xq.shape
     n = w.shape[0]
     key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
-    cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and xq.device.type == "cuda")
+    on_gpu = xq.device.type == "cuda"
+    cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
     cfg = pick_config(op, key, cands,
                       lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
                       xq.device)

@@ -36,7 +36,7 @@ from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_g
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
 OURS = ("w8a8", "w4a8_pc", "w4a8_g128")
-FAMILIES = ("tc", "asm", "gsp", "gemv", "w8")
+FAMILIES = ("tc", "asm", "gsp", "gemv", "w8", "gemv8")
 
 
 def _gemlite_layers(n, k, dev):
@@ -145,8 +145,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
             best = None
             family_best: dict = {}
             expected = reference()
-            for cfg in candidate_configs(m, n, k, group, sms, w4_asm=name != "w8a8"):
-                if families and name != "w8a8" and config_family(cfg) not in families:
+            for cfg in candidate_configs(m, n, k, group, sms, w4_asm=name != "w8a8", w8_gemv=name == "w8a8"):
+                if families and config_family(cfg) not in families:
                     continue
                 try:
                     cs = make(cfg)
@@ -193,7 +193,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
 def config_family(cfg: dict) -> str:
     """Which kernel a candidate runs: ``tc`` (tensor-core tile kernel, int8-op unpack), ``asm``
     (inline-PTX unpack), ``gsp`` (asm + int32-partial group scale), ``gemv`` (dp4a GEMV),
-    ``w8`` (int4 -> int8 weight pass + the W8A8 kernel)."""
+    ``w8`` (int4 -> int8 weight pass + the W8A8 kernel); W8A8: ``tc`` or ``gemv8`` (dp4a GEMV)."""
     if cfg.get("KERNEL"):
         return cfg["KERNEL"]
     if cfg.get("GS_PARTIAL"):
@@ -214,6 +214,7 @@ def markdown_table(rows) -> str:
             ("w8a8_us", "w8a8 us"), ("w8a8_x_bf16", "w8a8 x bf16"), ("w8a8_x_int_mm", "w8a8 x _int_mm"),
             ("w4a8_pc_us", "w4a8 pc us"), ("w4a8_pc_x_bf16", "w4a8 pc x bf16"), ("w4a8_g128_us", "w4a8 g128 us"),
             ("w4a8_g128_x_bf16", "w4a8 g128 x bf16"), ("g128_over_pc", "g128/pc"),
+            ("w8a8_gemv8_us", "w8a8 gemv us"), ("w8a8_cfg", "w8a8 cfg"),
             ("w4a8_pc_asm_us", "pc asm us"), ("w4a8_g128_asm_us", "g128 asm us"),
             ("w4a8_pc_gemv_us", "pc gemv us"), ("w4a8_g128_gemv_us", "g128 gemv us"), ("w4a8_g128_gsp_us", "g128 gsp us"),
             ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_g128_w8_us", "g128 w8 us"),
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="+", choices=OURS, default=list(OURS), help="which qfuse kernels to time")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
     p.add_argument("--families", nargs="+", choices=FAMILIES, default=None,
-                   help="W4A8 kernel families to time (default: all; see config_family)")
+                   help="kernel families to time (default: all; see config_family; the W8A8 tile kernel is tc)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("qfuse bench int8_gemm needs a CUDA device", file=sys.stderr)

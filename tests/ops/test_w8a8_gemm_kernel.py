@@ -12,6 +12,7 @@ import torch
 from qfuse.ops._int_matmul import int8_matmul_nt
 from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
+from qfuse.ops.w8a8_gemv import gemv8_configs, gemv8_supported
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -93,6 +94,42 @@ def test_candidates_are_legal():
                     assert c["BLOCK_M"] >= 16 and c["BLOCK_N"] >= 16 and c["SPLIT_K"] >= 1
                     if gs == 128:
                         assert 128 % c["BLOCK_K"] == 0
+
+
+def gemv8_cfg(bm, bn, bw, split, prefetch=0):
+    return {"KERNEL": "gemv8", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
+            "num_warps": 4, "num_stages": 2, "DP4A_ASM": 0, "PREFETCH": prefetch}
+
+
+# the dp4a GEMV (ops/w8a8_gemv.py) under the interpreter, dp4a spelled in shifts and masks
+@pytest.mark.parametrize("m,bm,split,prefetch,per_token,out_dtype", [
+    (1, 1, 1, 0, True, torch.bfloat16),
+    (2, 2, 3, 1, False, torch.float16),  # 384 / 3 = 128 k per split
+    (7, 4, 2, 1, True, torch.bfloat16),  # two token tiles, the second past M
+])
+def test_gemv8_matches_reference(m, bm, split, prefetch, per_token, out_dtype):
+    xq, xs, wq, ws, b = make_w8a8(m, 40, 384, per_token=per_token, out_dtype=out_dtype)
+    out = run_int8_gemm(xq, xs, wq, ws, None, b, out_dtype, w4=False, config=gemv8_cfg(bm, 32, 2, split, prefetch))
+    assert_bitwise(out, w8a8_gemm_ref(xq, xs, wq, ws, b, out_dtype))
+
+
+def test_gemv8_accumulator_extremes():
+    xq = torch.full((2, 1024), -128, dtype=torch.int8)
+    wq = torch.full((32, 1024), -128, dtype=torch.int8)
+    wq[::2] = 127
+    acc = kernel_acc(xq, wq, config=gemv8_cfg(2, 32, 4, 2))
+    assert torch.equal(acc, int8_matmul_nt(xq, wq)) and acc.abs().max() == 1024 * 2**14
+
+
+def test_gemv8_candidates_are_extra():
+    assert not gemv8_supported(40, gemv8_cfg(1, 32, 1, 1)) and gemv8_supported(64, gemv8_cfg(1, 32, 4, 1))
+    for m in (1, 2, 4, 8, 16, 64):
+        for n, k in SHAPES:
+            old = candidate_configs(m, n, k, -1, 132)
+            new = candidate_configs(m, n, k, -1, 132, w8_gemv=True)
+            assert new[: len(old)] == old
+            extra = new[len(old):]
+            assert bool(extra) == (m <= 8) and all(c["KERNEL"] == "gemv8" and gemv8_supported(k, c) for c in extra)
 
 
 # --------------------------------------------------------------- GPU grid (H200)
@@ -180,3 +217,17 @@ def test_shipped_configs_are_candidates(op):
         assert name == op and gpu == "NVIDIA_H200"
         cands = candidate_configs(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4_asm=op == "w4a8_gemm")
         assert any(dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0)) == cfg for c in cands), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", SHAPES + [(1000, 4096), (72, 3072)])  # ODD_SHAPES' K are not multiples of 16
+def test_gpu_gemv8_every_config(n, k):
+    """Every W8A8 GEMV candidate (inline-PTX dp4a) bit for bit against the reference."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m in (1, 2, 3, 8):
+        xq, xs, wq, ws, b = make_w8a8(m, n, k, device="cuda", bias=n == 1000)
+        ref = w8a8_gemm_ref(xq, xs, wq, ws, b, torch.bfloat16)
+        cfgs = gemv8_configs(m, n, k, sms, asm=True)
+        assert cfgs
+        for cfg in cfgs:
+            assert_bitwise(run_int8_gemm(xq, xs, wq, ws, None, b, torch.bfloat16, w4=False, config=cfg), ref)
