@@ -202,8 +202,9 @@ def config_family(cfg: dict) -> str:
 
 
 def config_label(cfg: dict) -> str:
-    if cfg.get("KERNEL") == "gemv":
-        return "gemv/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg)
+    if cfg.get("KERNEL") in ("gemv", "gemv8"):
+        return "{KERNEL}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
+            "/pf" if cfg.get("PREFETCH") else "")
     label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**cfg)
     fam = config_family(cfg)
     return label + ("" if fam == "tc" else "/" + fam)
