@@ -297,12 +297,14 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
 
 
 # (BLOCK_N, BLOCK_W, num_warps) per token tile, from the sm_90 SASS of the loop (instructions
-# per weight byte, DP4A_ASM, triton 3.7.1): BLOCK_M = 1: 1.8-2.2 per-channel, 2.1-2.6 group 128;
-# 2: 2.6-3.5; 4: 4.2-5.6 (the tensor-core kernel: 5.7-6.7 per-channel, 15-27 group 128 before
-# its int32-partial variant, 6.5-8.4 with it).
-_SHAPES = {1: ((256, 2, 4), (256, 4, 4), (512, 1, 4), (128, 2, 4)),
-           2: ((256, 4, 4), (256, 2, 4), (512, 2, 8)),
-           4: ((256, 4, 4), (256, 2, 4), (512, 2, 8))}
+# per weight byte, DP4A_ASM, triton 3.7.1): BLOCK_M = 1: 1.7-2.2 per-channel, 2.0-2.6 group 128;
+# 2: 2.5-2.9 / 3.0-3.4; 4: 4.1-5.0 / 4.7-5.6 (the tile kernel at M <= 16: 5.7-6.7 per-channel,
+# 15-27 group 128, 6.5-8.4 with GS_PARTIAL). BLOCK_W >= 2 keeps a row's bytes per iteration at
+# >= 32 (a whole sector); BLOCK_W = 8 (128 B, per-channel only: a tile must fit one group) is
+# dropped for group 128 by gemv_supported.
+_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4)),
+           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8)),
+           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8))}
 
 
 def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -> list[dict]:
