@@ -1,4 +1,4 @@
-"""CUDA-core GEMV for ``w4a8_gemm`` at decode M (1..16): int32 weight words, integer dot products.
+"""CUDA-core GEMV for ``w4a8_gemm`` at decode M (candidates for M <= 8): int32 weight words, dp4a.
 
 Same math and bits as ops/int8_gemm_kernels.py (the op's contract)::
 
@@ -20,15 +20,17 @@ issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never un
   ``t_lo = dp4a(lo, xe, t_lo)``, ``t_hi = dp4a(hi, xo, t_hi)``: two LOP3 + two IDP4A for eight
   codes (times the token count for the IDP4As). ``t_hi`` is 16x its dot product, so
   ``t_hi >> 4`` is exact.
-* The codes are ``u``, the weights ``u - 8``: ``- 8 * sum x`` per column, by
-  ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, again per column.
+* The codes are ``u``, the weights ``u - 8``: ``cx = -8 * sum x`` per column, by
+  ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, again per column;
+  per-channel adds it once at the end (a per-column running sum), group 128 per tile.
 * A tile covers 4 consecutive words of BLOCK_W columns per row (16-byte loads), at most 16
   words = 128 codes, so with group 128 it lies in one group and its exact int32 partial is
   multiplied by the integer group scale (``acc += (t_lo + (t_hi >> 4) + cx) * gs``):
   grouped costs one IMAD per tile-row more than per-channel, not one multiply per weight.
 
-Every partial is an exact integer; |t_lo| <= 16 * 15 * 128, |t_hi| <= 16 * 240 * 128, and
-the running per-lane sum is bounded by the op's |acc| <= K * 2**14 < 2**31 (K <= MAX_K).
+Every partial is an exact integer in int32: per tile lane |t_lo| <= 16 * 15 * 128 and
+|t_hi| <= 16 * 240 * 128; per-channel running sums are bounded by 1920 * K (sum u * x) and
+1024 * K (sum 8 * x), group 128 by the op's |acc| <= K * 2**14, all < 2**31 for K <= MAX_K.
 Split-K adds exact int32 partials (atomics, any order) and the last split runs the float
 epilogue, as the tensor-core kernel, so the output is bit-identical to the reference.
 
