@@ -88,6 +88,15 @@ def _capturing() -> bool:
 _GRAPH_CALLS = 10
 
 
+def experimental_kernels() -> bool:
+    """Whether the op dispatchers may pick kernel families that are tested under the Triton
+    interpreter (and by SASS inspection) but have not yet passed the GPU grid: opt in with
+    ``QFUSE_EXPERIMENTAL_KERNELS=1``. Without it they are never autotuned into use, so an
+    unverified kernel cannot be chosen silently for a shape with no shipped config.
+    Benchmarks and GPU tests call the families directly, whatever this says."""
+    return os.environ.get("QFUSE_EXPERIMENTAL_KERNELS", "0") == "1"
+
+
 def _graph_time_ms(call: Callable[[], object], replays: int = 5) -> float:
     """Median milliseconds per call of ``call`` replayed from a CUDA graph (no launch overhead)."""
     call()  # compile + warm up outside the capture

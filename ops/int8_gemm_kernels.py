@@ -353,15 +353,22 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     return out
 
 
+def is_experimental(config: dict) -> bool:
+    """Families written after the last GPU run (GEMVs, the int8 weight pass, GS_PARTIAL)."""
+    return config.get("KERNEL") in ("gemv", "gemv8", "w8") or bool(config.get("GS_PARTIAL"))
+
+
 def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, group_size: int = -1):
     """Pick a config (ops/_autotune.py: cache, shipped defaults, or a measurement) and run."""
-    from ._autotune import m_bucket, pick_config
+    from ._autotune import experimental_kernels, m_bucket, pick_config
 
     m, k = xq.shape
     n = w.shape[0]
     key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
     on_gpu = xq.device.type == "cuda"
     cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
+    if not experimental_kernels():  # not yet through the GPU grid: see ops/_autotune.py
+        cands = [c for c in cands if not is_experimental(c)]
     cfg = pick_config(op, key, cands,
                       lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
                       xq.device)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import m_bucket, pick_config
+from ._autotune import experimental_kernels, m_bucket, pick_config
 from .w4a16_gemv_words import w4a16_gemv_words, words_supported
 from .wna16_tiled_words import tiled_words_supported
 
@@ -138,6 +138,8 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     m, k = x.shape
     n = qweight.shape[0]
     cands = candidate_configs(m, n, k, bits, group_size, _sm_count(x.device))
+    if not experimental_kernels():  # tiled_words has not been through the GPU grid yet (ops/_autotune.py)
+        cands = [c for c in cands if c["kernel"] != "tiled_words"]
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

@@ -34,3 +34,30 @@ def test_ops_import_neither_qfuse_nor_passes():
                 raise AssertionError(f"{path.name} imports from outside ops/")
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith(("qfuse", "passes")) for a in node.names), path.name
+
+
+def test_unverified_kernel_families_need_opt_in(monkeypatch):
+    """Families not yet through the GPU grid are never autotuned into use by default."""
+    from qfuse.ops import int8_gemm_kernels, wna16_dispatch
+    from qfuse.ops._autotune import experimental_kernels
+
+    seen = {}
+
+    def fake_pick(op, key, cands, run, device):
+        seen[op] = cands
+        return cands[0]
+
+    monkeypatch.setattr(wna16_dispatch, "pick_config", fake_pick)
+    monkeypatch.setattr(wna16_dispatch, "run_config", lambda *a, **k: None)
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    assert not experimental_kernels()
+    x = torch.randn(16, 4096).bfloat16()
+    qw = torch.zeros(64, 2048, dtype=torch.uint8)
+    s = torch.ones(64, 32).bfloat16()
+    wna16_dispatch.wna16_gemm_triton(x, qw, s, None, None, 4, 128)
+    assert all(c["kernel"] != "tiled_words" for c in seen["wna16_gemm"])
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    wna16_dispatch.wna16_gemm_triton(x, qw, s, None, None, 4, 128)
+    assert any(c["kernel"] == "tiled_words" for c in seen["wna16_gemm"])
+    assert int8_gemm_kernels.is_experimental({"KERNEL": "gemv"}) and int8_gemm_kernels.is_experimental({"GS_PARTIAL": 1})
+    assert not int8_gemm_kernels.is_experimental({"UNPACK_ASM": 1})
