@@ -21,9 +21,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# On a CUDA machine (torch + triton already installed): the GPU kernel grids.
+# On a CUDA machine (torch + triton already installed; run from the repository root, no
+# install needed): the GPU kernel grids, which all live in tests/ops. Environment knobs:
+# QFUSE_GPU_SHARD=i/n (one shard of the grid per process), QFUSE_GPU_GRID_M=1,2 (some M only).
 gpu-test:
-	$(PYTHON) -m pytest -q -m gpu tests
+	$(PYTHON) -m pytest -q -m gpu tests/ops
 
 clean:
 	rm -rf $(VENV) build *.egg-info
