@@ -92,7 +92,8 @@ def _w4a16_gemv_words_kernel(
 
 
 def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
-    """Whether this kernel can take the problem: 4-bit, K a whole number of tiles."""
+    """Whether this kernel can take the problem: 4-bit, K a whole number of 4-word (32-code)
+    tiles; the launcher shrinks BLOCK_W to a divisor of K / 8 where needed."""
     return bits == 4 and k % (8 * block_w) == 0 and (group_size <= 0 or group_size % (8 * block_w) == 0)
 
 
@@ -104,6 +105,8 @@ def w4a16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     x = x.contiguous()
     words = qweight.view(torch.int32)  # [N, K // 8]; the byte layout read 4 bytes at a time
     block_w = cfg["BLOCK_W"] if group_size <= 0 else min(cfg["BLOCK_W"], group_size // 8)
+    while kw % block_w:  # per-channel K that is a multiple of 32 but not of 8 * BLOCK_W (e.g. 576)
+        block_w //= 2
     split_k = cfg.get("SPLIT_K", 1)
     while split_k > 1 and kw % (split_k * block_w):
         split_k //= 2

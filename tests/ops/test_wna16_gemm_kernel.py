@@ -321,3 +321,14 @@ def test_gemv_words_kernel_extreme_codes():
     z = (15 - codes[:, ::32]).contiguous()
     out = w4a16_gemv_words(x, qw, s, z, None, 32, {"BLOCK_N": 16, "BLOCK_W": 4, "SPLIT_K": 2})
     assert_close_to_ref(out, x, qw, s, z, None, 4, 32)
+
+
+@pytest.mark.parametrize("k,group_size", [(576, -1), (576, 64), (96, 32)])
+def test_gemv_words_k_not_a_multiple_of_the_configured_tile(k, group_size):
+    # K = 576 (SmolLM2's hidden size) is 72 words: not a multiple of BLOCK_W = 16
+    from qfuse.ops.w4a16_gemv_words import w4a16_gemv_words, words_supported
+
+    assert words_supported(k, 4, group_size)
+    x, qw, s, z, b = make_problem(1, 24, k, 4, group_size, torch.bfloat16, asym=True, bias=True)
+    out = w4a16_gemv_words(x, qw, s, z, b, group_size, {"BLOCK_N": 16, "BLOCK_W": 16, "SPLIT_K": 4})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
