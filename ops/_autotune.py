@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -97,18 +98,24 @@ def experimental_kernels() -> bool:
     return os.environ.get("QFUSE_EXPERIMENTAL_KERNELS", "0") == "1"
 
 
-def _graph_time_ms(call: Callable[[], object], replays: int = 5) -> float:
-    """Median milliseconds per call of ``call`` replayed from a CUDA graph (no launch overhead)."""
-    call()  # compile + warm up outside the capture
+def graph_time_ms(calls: Sequence[Callable[[], object]], replays: int = 5, warmup: int = 1) -> float:
+    """Median milliseconds per call: ``calls`` (run in order) captured in one CUDA graph and
+    replayed, so no launch overhead is in the figure. The calls run once on the capture
+    stream first (compilation, autotuning, lazy allocations stay out of the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
-        call()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(_GRAPH_CALLS):
-                call()
+        for c in calls:
+            c()
     torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -116,8 +123,9 @@ def _graph_time_ms(call: Callable[[], object], replays: int = 5) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / _GRAPH_CALLS)
-    return sorted(times)[len(times) // 2]
+        times.append(start.elapsed_time(end) / len(calls))
+    del graph
+    return statistics.median(times)
 
 
 def pick_config(op: str, key: tuple, candidates: list[dict], run: Callable[[dict], object], device: torch.device) -> dict:
@@ -139,7 +147,7 @@ def pick_config(op: str, key: tuple, candidates: list[dict], run: Callable[[dict
     best, best_ms = candidates[0], float("inf")
     for cfg in candidates:
         try:
-            ms = _graph_time_ms(lambda: run(cfg))
+            ms = graph_time_ms([lambda: run(cfg)] * _GRAPH_CALLS)
         except Exception:  # a config that does not compile or fit (shared memory) is skipped
             torch.cuda.synchronize()
             continue

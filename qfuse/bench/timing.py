@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import csv
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+
+from qfuse.ops._autotune import graph_time_ms
 
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 3 * L2_BYTES
@@ -30,32 +31,9 @@ def copies_for(bytes_per_call: int, max_copies: int = 64) -> int:
 def time_graph(calls: Sequence[Callable[[], object]], replays: int = 20, warmup: int = 3) -> float:
     """Median microseconds per call: capture ``calls`` (run in order) in one CUDA graph, replay it.
 
-    Each callable must already have run once eagerly (compilation, autotuning).
+    The same routine the autotuner uses (``qfuse.ops._autotune.graph_time_ms``).
     """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:  # warm up on the capture stream
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return statistics.median(times)
+    return graph_time_ms(calls, replays=replays, warmup=warmup) * 1e3
 
 
 def time_eager(call: Callable[[], object]) -> float:
