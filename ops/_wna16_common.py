@@ -19,6 +19,18 @@ MAGIC = 8388608.0  # 2**23: float32 with exponent 23, so the low mantissa bits h
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of program ``pid`` in grouped order: GROUP_M row tiles run next to each
+    other over every weight column tile, so a weight tile is reused while it is in L2."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = min(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.jit
 def codes_minus_zero(u, zc):
     """``float32(u - z)`` for int32 codes ``u`` in [0, 255]; ``zc`` = 2**23 + z (float32)."""
     return (u | 0x4B000000).to(tl.float32, bitcast=True) - zc

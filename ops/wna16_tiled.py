@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, load_codes, mma, splitk_reduce, zero_plus_magic
+from ._wna16_common import codes_minus_zero, grouped_tile, load_codes, mma, splitk_reduce, zero_plus_magic
 
 
 @triton.jit
@@ -46,13 +46,7 @@ def _wna16_tiled_kernel(
     # grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
