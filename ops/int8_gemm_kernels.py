@@ -45,7 +45,12 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
 * **Other kernels** a config can name (``KERNEL``): ``"gemv"``, the dp4a GEMV of
   ops/w4a8_gemv.py (W4A8, M <= 8); ``"w8"``, an int4 -> int8 weight pass
   (ops/w4a8_int8_weight.py) followed by this kernel in its W8A8 form (W4A8, M > 64);
-  ``"gemv8"``, the dp4a GEMV of ops/w8a8_gemv.py (W8A8, M <= 8).
+  ``"gemv8"``, the dp4a GEMV of ops/w8a8_gemv.py (W8A8, M <= 8). Measured on the H200
+  (BENCHMARKS.md, int8_gemm): the W4A8 GEMV wins M = 1 on all five shapes (8.1-31.0 us
+  against 9.5-35.8 for the best tile config), GS_PARTIAL wins group 128 at M = 4-16
+  (g128 / per-channel 0.79-0.93, against 0.48-0.53 before), the int8 weight pass wins
+  M >= 1024 (1.10-1.43x bf16, against 0.97-1.12x); the W8A8 GEMV lost to the tile kernel
+  at every point (10.8-50.6 us against 9.0-36.3 at M = 1), so it stays opt-in.
 * **Epilogue order**: ``(acc * x_scale) * w_scale + bias`` in float32, as the
   reference; the launcher passes ``enable_fp_fusion=False`` so no FMA contracts the
   last two steps, which makes the output bit-identical to the reference (the GPU
@@ -254,9 +259,8 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     from .w4a8_gemv import gemv_configs
 
     asm = [dict(c, UNPACK_ASM=1) for c in base]
-    # new families (SASS-counted, not yet timed on the H200), after the measured ones so the
-    # heuristic first candidate is unchanged: the int32-partial group scale (group 128, M <= 64)
-    # and the CUDA-core GEMV (M <= 8)
+    # after the tile configs, so the heuristic first candidate (no tuning) stays the tile
+    # kernel: the int32-partial group scale (group 128, M <= 64) and the CUDA-core GEMV (M <= 8)
     partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size == 128 and m <= 64]
     # M > 64: int4 -> int8 weight pass (ops/w4a8_int8_weight.py), then the W8A8 kernel's configs
     w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms)] if m > 64 and k % 8 == 0 else []
@@ -354,8 +358,9 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
 
 
 def is_experimental(config: dict) -> bool:
-    """Families written after the last GPU run (GEMVs, the int8 weight pass, GS_PARTIAL)."""
-    return config.get("KERNEL") in ("gemv", "gemv8", "w8") or bool(config.get("GS_PARTIAL"))
+    """Families kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the W8A8 dp4a GEMV, correct on
+    the H200 grid but slower there than the tile kernel at every measured point."""
+    return config.get("KERNEL") == "gemv8"
 
 
 def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, group_size: int = -1):
@@ -367,7 +372,7 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
     on_gpu = xq.device.type == "cuda"
     cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
-    if not experimental_kernels():  # not yet through the GPU grid: see ops/_autotune.py
+    if not experimental_kernels():  # opt-in families: see is_experimental
         cands = [c for c in cands if not is_experimental(c)]
     cfg = pick_config(op, key, cands,
                       lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
