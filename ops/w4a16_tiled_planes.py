@@ -1,0 +1,301 @@
+"""Tiled tensor-core kernel for 4-bit ``wna16_gemm`` with the dequantization done by PTX on
+packed registers: about 3 SASS instructions per weight byte instead of 9-19.
+
+Same tiling, split-K and scale placement as ops/wna16_tiled.py (one program: a
+``[BLOCK_M, BLOCK_N]`` output tile over a ``1 / SPLIT_K`` slice of K; ``BLOCK_K <= group``).
+Only the weight path differs. A byte holds k = 2j (low nibble) and k = 2j + 1 (high nibble).
+Per 32-bit register of 4 loaded bytes ``b0..b3`` (8 codes), in the activation dtype::
+
+    t01 = prmt(b, 0x4140) = b0 | b1 << 16,   t23 = prmt(b, 0x4342)        (2 PRMT)
+    lo  = (t & 0x000F000F) | MAGIC           = (M + u_2j, M + u_2j+2)     (LOP3 per pair)
+    hi  = ((t >> 4) & 0x000F000F) | MAGIC    = (M + u_2j+1, M + u_2j+3)   (SHF + LOP3 per pair)
+    lo, hi -= (M + z, M + z)                 = u - z, exact               (one packed FMA / SUB per pair)
+
+with ``MAGIC`` the dtype's pair of ``M`` = 128.0 (bf16, 7 mantissa bits) or 1024.0 (fp16,
+10 bits): a nibble OR'ed into the low mantissa bits is the float ``M + u``. That is 12
+instructions per 8 codes (Marlin's trick, kernel_anchors.md section 3), against the
+byte-extract / I2F or float32 exponent trick plus an F2F pack per code of the other tiled
+kernels. ``lo`` is the even-k plane and ``hi`` the odd-k plane of the weight tile, each
+``[BLOCK_N, BLOCK_K / 2]``; the activations are split the same way in registers
+(``reshape(x, [.., BLOCK_K / 2, 2])`` + ``split``), so::
+
+    part = lo @ x_even^T + hi @ x_odd^T          (two MMAs, float32 accumulator, exact u - z)
+    acc += part * s[n, g]   (grouped, per K tile)      acc *= s[n] after the loop (per-channel)
+
+The weights reach the MMA as exact small integers and the scale multiplies the float32
+partial: no rounding of ``(u - z) * s`` to the activation dtype, so this differs from the
+reference (which rounds it once) by that rounding; tolerance in the tests. ``SWAP_AB``:
+``acc^T = w @ x^T``, the weight tile as the MMA's A operand (wgmma's 64-row M side; the few
+decode tokens are its N side). The Triton interpreter cannot run inline PTX: there
+(``ASM=False``) the planes come from integer ops with the same values.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._wna16_common import grouped_tile, mma, splitk_reduce
+from .wna16_tiled import split_k_slices
+
+# lop3 immLut 0xEA = (a & b) | c. bf16: sub.bf16x2 needs sm_90, fma.rn.bf16x2 runs from sm_80.
+_PLANES_BF16 = tl.constexpr("""{
+.reg .b32 t01, t23, v, one;
+mov.b32 one, 0x3F803F80;
+prmt.b32 t01, $4, 0, 0x4140;
+prmt.b32 t23, $4, 0, 0x4342;
+lop3.b32 v, t01, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $0, v, one, $5;
+lop3.b32 v, t23, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $1, v, one, $5;
+shr.u32 t01, t01, 4;
+shr.u32 t23, t23, 4;
+lop3.b32 v, t01, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $2, v, one, $5;
+lop3.b32 v, t23, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $3, v, one, $5;
+}""")
+_PLANES_FP16 = tl.constexpr("""{
+.reg .b32 t01, t23, v;
+prmt.b32 t01, $4, 0, 0x4140;
+prmt.b32 t23, $4, 0, 0x4342;
+lop3.b32 v, t01, 0x000F000F, 0x64006400, 0xEA;
+add.f16x2 $0, v, $5;
+lop3.b32 v, t23, 0x000F000F, 0x64006400, 0xEA;
+add.f16x2 $1, v, $5;
+shr.u32 t01, t01, 4;
+shr.u32 t23, t23, 4;
+lop3.b32 v, t01, 0x000F000F, 0x64006400, 0xEA;
+add.f16x2 $2, v, $5;
+lop3.b32 v, t23, 0x000F000F, 0x64006400, 0xEA;
+add.f16x2 $3, v, $5;
+}""")
+
+
+@triton.jit
+def nibble_planes(b, z, dtype: tl.constexpr, ASM: tl.constexpr):
+    """Packed bytes ``b`` (uint8 ``[BN, W]``) -> ``(u_lo - z, u_hi - z)`` as ``dtype [BN, W]``
+    (exact); ``z``: float32 ``[BN]`` zero points."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            neg = (-(z + 128.0)).to(tl.bfloat16)[:, None]  # -(M + z): exact (|.| <= 143)
+            lo, hi = tl.inline_asm_elementwise(_PLANES_BF16, "=r,=r,=r,=r,r,r,r", [b, neg],
+                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            neg = (-(z + 1024.0)).to(tl.float16)[:, None]
+            lo, hi = tl.inline_asm_elementwise(_PLANES_FP16, "=r,=r,=r,=r,r,r,r", [b, neg],
+                                               dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    else:
+        bi = b.to(tl.int32)
+        lo = ((bi & 15).to(tl.float32) - z[:, None]).to(dtype)
+        hi = ((bi >> 4).to(tl.float32) - z[:, None]).to(dtype)
+    return lo, hi
+
+
+# Two int32 words (w, w + 1) -> the 8 code planes as (code t of w, code t of w + 1) pairs:
+# halves of both words side by side (2 PRMT), then per plane SHF + LOP3 + one packed FMA.
+_WORD_PLANES_BF16 = tl.constexpr("""{
+.reg .b32 a, b, v, one, w0, w1;
+mov.b32 one, 0x3F803F80;
+mov.b64 {w0, w1}, $8;
+prmt.b32 a, w0, w1, 0x5410;
+prmt.b32 b, w0, w1, 0x7632;
+lop3.b32 v, a, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $0, v, one, $9;
+shr.u32 v, a, 4;
+lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $1, v, one, $9;
+shr.u32 v, a, 8;
+lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $2, v, one, $9;
+shr.u32 v, a, 12;
+lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $3, v, one, $9;
+lop3.b32 v, b, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $4, v, one, $9;
+shr.u32 v, b, 4;
+lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $5, v, one, $9;
+shr.u32 v, b, 8;
+lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $6, v, one, $9;
+shr.u32 v, b, 12;
+lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $7, v, one, $9;
+}""")
+_WORD_PLANES_FP16 = tl.constexpr(_WORD_PLANES_BF16.value.replace("0x43004300", "0x64006400")
+                                 .replace("fma.rn.bf16x2", "fma.rn.f16x2").replace("0x3F803F80", "0x3C003C00"))
+
+
+@triton.jit
+def word_planes(words, z, dtype: tl.constexpr, ASM: tl.constexpr):
+    """int32 words ``[BN, W]`` (8 codes each, code t in bits 4t..) -> the 8 planes
+    ``u_t - z`` as ``dtype [BN, W]`` (exact), plane t holding k = 8w + t."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            neg = (-(z + 128.0)).to(tl.bfloat16)[:, None]
+            return tl.inline_asm_elementwise(_WORD_PLANES_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,l,r", [words, neg],
+                                             dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+        else:
+            neg = (-(z + 1024.0)).to(tl.float16)[:, None]
+            return tl.inline_asm_elementwise(_WORD_PLANES_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,l,r", [words, neg],
+                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        zz = z[:, None]
+        return (((words & 15).to(tl.float32) - zz).to(dtype), (((words >> 4) & 15).to(tl.float32) - zz).to(dtype),
+                (((words >> 8) & 15).to(tl.float32) - zz).to(dtype), (((words >> 12) & 15).to(tl.float32) - zz).to(dtype),
+                (((words >> 16) & 15).to(tl.float32) - zz).to(dtype), (((words >> 20) & 15).to(tl.float32) - zz).to(dtype),
+                (((words >> 24) & 15).to(tl.float32) - zz).to(dtype), (((words >> 28) & 15).to(tl.float32) - zz).to(dtype))
+
+
+@triton.jit
+def _split8(xt, BM: tl.constexpr, BW: tl.constexpr):
+    """``[BM, 8 * BW]`` -> its 8 column planes ``x[:, 8w + t]`` (``[BM, BW]`` each, t = 0..7)."""
+    a, b = tl.split(tl.reshape(xt, (BM, BW, 2, 2, 2)))  # t0 = 0 / 1: [BM, BW, t2, t1]
+    a0, a1 = tl.split(a)  # t1
+    b0, b1 = tl.split(b)
+    p0, p4 = tl.split(a0)  # t2
+    p2, p6 = tl.split(a1)
+    p1, p5 = tl.split(b0)
+    p3, p7 = tl.split(b1)
+    return p0, p1, p2, p3, p4, p5, p6, p7
+
+
+@triton.jit
+def _acc8(acc, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + sum_t plane_t(w) @ plane_t(x)^T (SWAP_AB) or sum_t plane_t(x) @ plane_t(w)^T."""
+    if SWAP_AB:
+        acc = mma(w0, tl.trans(x0), acc, DOT_F32)
+        acc = mma(w1, tl.trans(x1), acc, DOT_F32)
+        acc = mma(w2, tl.trans(x2), acc, DOT_F32)
+        acc = mma(w3, tl.trans(x3), acc, DOT_F32)
+        acc = mma(w4, tl.trans(x4), acc, DOT_F32)
+        acc = mma(w5, tl.trans(x5), acc, DOT_F32)
+        acc = mma(w6, tl.trans(x6), acc, DOT_F32)
+        acc = mma(w7, tl.trans(x7), acc, DOT_F32)
+    else:
+        acc = mma(x0, tl.trans(w0), acc, DOT_F32)
+        acc = mma(x1, tl.trans(w1), acc, DOT_F32)
+        acc = mma(x2, tl.trans(w2), acc, DOT_F32)
+        acc = mma(x3, tl.trans(w3), acc, DOT_F32)
+        acc = mma(x4, tl.trans(w4), acc, DOT_F32)
+        acc = mma(x5, tl.trans(w5), acc, DOT_F32)
+        acc = mma(x6, tl.trans(w6), acc, DOT_F32)
+        acc = mma(x7, tl.trans(w7), acc, DOT_F32)
+    return acc
+
+
+@triton.jit
+def _w4a16_tiled_planes_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    M, N, K, KB, G, stride_xm, K_PER_SPLIT,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr, WORDS: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = offs_m % M  # wrapped rows/cols load valid memory; the store is masked
+    rn = offs_n % N
+    dtype = x_ptr.dtype.element_ty
+    k_start = pid_k * K_PER_SPLIT
+    BH: tl.constexpr = BLOCK_K // 2
+    BW: tl.constexpr = BLOCK_K // 8
+
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_N,), 8.0, tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+        k0 = k_start + kt * BLOCK_K
+        if GROUP != -1:
+            g = tl.minimum(k0 // GROUP, G - 1)  # clamp: masked tail tiles past K
+            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + rn * G + g).to(tl.float32)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
+        if WORDS:  # 8 planes k = 8w + t from int32 words (a whole number of words per tile)
+            offs_w = k0 // 8 + tl.arange(0, BW)
+            w_ptrs = qw_ptr + rn[:, None] * (KB // 4) + offs_w[None, :]
+            w_mask = (offs_w < KB // 4)[None, :]
+        else:  # 2 planes k = 2j, 2j + 1 from bytes
+            offs_j = k0 // 2 + tl.arange(0, BH)
+            w_ptrs = qw_ptr + rn[:, None] * KB + offs_j[None, :]
+            w_mask = (offs_j < KB)[None, :]
+        if EVEN_K:
+            xt = tl.load(x_ptrs, eviction_policy="evict_last")
+            b = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:  # past K: activations 0, so the (u - z) of the padding codes add nothing
+            xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=w_mask, other=0)
+        if SWAP_AB:
+            part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32) if GROUP != -1 else acc
+        else:
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUP != -1 else acc
+        if WORDS:
+            w0, w1, w2, w3, w4, w5, w6, w7 = word_planes(b, z, dtype, ASM)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xt, BLOCK_M, BW)
+            part = _acc8(part, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7, SWAP_AB, DOT_F32)
+        else:
+            lo, hi = nibble_planes(b, z, dtype, ASM)  # [BLOCK_N, BH] each: even / odd k
+            x_even, x_odd = tl.split(tl.reshape(xt, (BLOCK_M, BH, 2)))  # [BLOCK_M, BH] each
+            if SWAP_AB:  # acc^T [BLOCK_N, BLOCK_M] = w @ x^T: the weights are the MMA's A operand
+                part = mma(hi, tl.trans(x_odd), mma(lo, tl.trans(x_even), part, DOT_F32), DOT_F32)
+            else:
+                part = mma(x_odd, tl.trans(hi), mma(x_even, tl.trans(lo), part, DOT_F32), DOT_F32)
+        if GROUP != -1:
+            acc += part * (s[:, None] if SWAP_AB else s[None, :])
+        else:
+            acc = part
+
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    if GROUP == -1:
+        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
+    """Launch with config ``cfg`` (keys of the tiled kernel: BLOCK_M / N / K, SPLIT_K, SWAP_AB,
+    GROUP_M, num_warps, num_stages; arguments already checked; 4-bit, so K is even)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
+    split_k = cfg.get("SPLIT_K", 1)
+    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    words = bool(cfg.get("WORDS", False))
+    if words and (block_k < 128 or k % 8):
+        raise ValueError(f"w4a16_tiled_planes: WORDS needs BLOCK_K >= 128 (16-deep MMAs per plane) and K % 8 == 0; got BLOCK_K={block_k}, K={k}")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    _w4a16_tiled_planes_kernel[grid](
+        x, qweight.view(torch.int32) if words else qweight, scales, zeros if zeros is not None else qweight,
+        bias if bias is not None else scales, out, ws, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
+        SWAP_AB=bool(cfg.get("SWAP_AB", False)), WORDS=words, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
+    if split_k > 1:
+        splitk_reduce(ws, bias, out)
+    return out
