@@ -2,8 +2,10 @@
 
 A config is a dict whose ``"kernel"`` names the family:
 
-* ``"gemv_words"`` (4-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3 instructions
-  per code (ops/w4a16_gemv_words.py); the measured M = 1 choice on the H200 (1.5-2.1x bf16);
+* ``"gemv_words"`` (4- and 8-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3
+  instructions per code (ops/wna16_gemv_words.py); the measured 4-bit M = 1 choice on the H200
+  (1.5-2.1x bf16); 8-bit (4.4 against the byte GEMV's 7.4 sm_90 SASS instructions per weight
+  byte) not yet timed on a GPU;
 * ``"gemv"``  (M bucket <= 4): CUDA-core GEMV with split-K (ops/wna16_gemv.py);
 * ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
 * ``"tiled_words"`` (any M, K a whole number of int32 words): the same tiles reading the
@@ -27,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ._autotune import experimental_kernels, m_bucket, pick_config
-from .w4a16_gemv_words import w4a16_gemv_words, words_supported
+from .wna16_gemv_words import wna16_gemv_words, words_supported
 from .wna16_tiled_words import tiled_words_supported
 
 OP = "wna16_gemm"
@@ -68,9 +70,10 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                 for warps in (4, 8) if exhaustive else (4,):
                     cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "num_warps": warps, "num_stages": 2})
     if mb <= 2 and words_supported(k, bits, group_size):
+        bw = 16 if bits == 4 else 32  # 128 codes per row and tile (SASS per config: ops/wna16_gemv_words.py)
         for bn in (128, 64):
             for sp in (8, 4, 2, 1):
-                cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": 16, "SPLIT_K": sp, "num_warps": 4})
+                cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": 4})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):
@@ -96,7 +99,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         cands += [{**c, "kernel": "tiled_words"} for c in tiled]
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
-    if mb <= 4:  # heuristic first: at M = 1 a GEMV (the word GEMV for 4-bit); at M = 2..4 the tiled split-K one
+    if mb <= 4:  # heuristic first: at M = 1 a GEMV (the word GEMV where offered); at M = 2..4 the tiled split-K one
         first = ("gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv") if mb == 1 else "tiled"
         cands.sort(key=lambda c: c["kernel"] != first)
     return cands
@@ -110,7 +113,7 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
 
         return wna16_gemv(x, qweight, scales, zeros, bias, bits, group_size, cfg)
     if kind == "gemv_words":
-        return w4a16_gemv_words(x, qweight, scales, zeros, bias, group_size, cfg)
+        return wna16_gemv_words(x, qweight, scales, zeros, bias, bits, group_size, cfg)
     if kind == "tiled":
         from .wna16_tiled import wna16_tiled
 

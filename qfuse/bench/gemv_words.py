@@ -1,4 +1,4 @@
-"""``qfuse bench gemv_words``: the int32-word W4A16 GEMV (ops/w4a16_gemv_words.py) at decode M,
+"""``qfuse bench gemv_words``: the int32-word W4A16 GEMV (ops/wna16_gemv_words.py) at decode M,
 every config of it, against bf16 ``torch.matmul``, tinygemm and a baseline ``wna16_gemm`` config
 table, in one run. CUDA-graph medians over rotated weight copies (qfuse/bench/timing.py).
 
@@ -40,7 +40,7 @@ def _tinygemm(ws, n: int, k: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qfuse.ops.w4a16_gemv_words import w4a16_gemv_words
+    from qfuse.ops.wna16_gemv_words import wna16_gemv_words
     from qfuse.ops.wna16_dispatch import config_key, run_config
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 ref = wna16_gemm_ref(x, qw, s, z, None, 4, GROUP).float()
                 tol = 2 * torch.finfo(torch.bfloat16).eps * ref.abs().max().item()
                 for c in cfgs:
-                    err = (w4a16_gemv_words(x, qw, s, z, None, GROUP, c).float() - ref).abs().max().item()
+                    err = (wna16_gemv_words(x, qw, s, z, None, 4, GROUP, c).float() - ref).abs().max().item()
                     assert err <= tol, f"{n}x{k} M={m} {c}: error {err:.3g} > {tol:.3g}"
             r = {"N": n, "K": k, "M": m, "bf16": time_graph([lambda w=w: torch.matmul(x, w.t()) for w in wb])}
             key = "|".join(["wna16_gemm", "NVIDIA_H200", *map(str, config_key(m, n, k, 4, GROUP, torch.bfloat16))])
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["baseline_cfg"] = base["kernel"]
             r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
             for c in cfgs:
-                r[f"words_bn{c['BLOCK_N']}_sk{c['SPLIT_K']}"] = time_graph([lambda w=w, c=c: w4a16_gemv_words(x, w[0], w[1], None, None, GROUP, c) for w in ws])
+                r[f"words_bn{c['BLOCK_N']}_sk{c['SPLIT_K']}"] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, 4, GROUP, c) for w in ws])
             words = {kk: v for kk, v in r.items() if kk.startswith("words")}
             best = min(words, key=words.get)
             r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)

@@ -1,0 +1,167 @@
+"""CUDA-core GEMV for ``wna16_gemm`` (4- and 8-bit) at decode M, reading the weights as int32 words.
+
+The documented layouts read as little-endian int32 words put code ``k = CPW * w + t`` in bits
+``BITS * t .. BITS * t + BITS - 1`` of word ``w``, CPW = 32 // BITS codes per word (4-bit: 8
+nibbles, low nibble = even k; 8-bit: 4 bytes): natural K order, so no register shuffle lines
+codes up with activations. Per word, half ``h`` in {0, 1} and code ``j`` of the half
+(t = CPW/2 * h + j, MASK = 2**BITS - 1)::
+
+    half = word, word >> 16                     codes CPW/2 * h .. in bits 0..15 (one SHF per word)
+    c_t  = bitcast_f32((half & (MASK << BITS*j)) | 0x4B000000) - (2**23 + z * 2**(BITS*j))
+         = (u - z) * 2**(BITS*j)                                                   (exact)
+    t    = sum_t c_t * (x[CPW*w + t] * 2**-(BITS*j))                              (exact rescale)
+    acc += t * s[n, g]                                                  (one FFMA per word)
+
+Exact: a code kept in place in its 16-bit half is u * 2**(BITS*j) <= 2**16 - 1 < 2**23 (4-bit:
+u * 2**12 at most 15 * 2**12; 8-bit: u * 2**8 at most 255 * 2**8), inside the 23 mantissa bits
+of 2**23, so the OR gives 2**23 + u * 2**(BITS*j) exactly and the FADD of two floats in
+[2**23, 2**24) is exact, as is 2**23 + z * 2**(BITS*j) (an integer < 2**24); scaling x by a
+power of two is exact (an fp16 / bf16 value keeps its <= 11 significant bits, even as a float32
+subnormal), so each FFMA adds (u - z) * x to t with one rounding. The upper half is shifted
+down because its codes in place (bits 16..31) would overlap the exponent (bits 23..30). Against
+the reference: float32 summation order, and the scale applied to a tile's partial dot instead
+of a w_hat rounded to the activation dtype (the tests' tolerance covers both).
+
+About 3 instructions per code (LOP3, FADD, FFMA) plus one SHF and one scale FFMA per word.
+sm_90 SASS of the loop (triton 3.7.1, bf16, symmetric / with zero points, per weight byte):
+
+    4-bit  BLOCK_N=128 BLOCK_W=16   group 128: 8.23 / 8.84   per-channel: 7.42
+    8-bit  BLOCK_N=128 BLOCK_W=32   group 128: 4.36 / 4.52   per-channel: 3.92
+    8-bit  BLOCK_N=64  BLOCK_W=32   group 128: 4.97 / 5.44   (4 warps each)
+
+against the byte-wise GEMV (ops/wna16_gemv.py: byte extract, nibble join, per-code scale):
+15-20 for 4-bit and 7.4 for 8-bit (BLOCK_N=32, BLOCK_K=128, its shipped 8-bit M = 1 config). A
+decode GEMV is issue-bound well before it is HBM-bound (~8 instructions per byte is the
+H200's break-even: 128 thread-instructions / clk / SM against ~15 B / clk / SM), so
+instructions per weight byte set its speed. One program: one activation row, BLOCK_N weight
+rows, a 1/SPLIT_K slice of K; the float32 partial of a split goes through the shared
+deterministic split-K reduction. A tile never spans two groups (BLOCK_W * CPW <= group_size),
+so each tile takes one scale per row. Needs K % CPW == 0 (whole words).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._wna16_common import splitk_reduce
+
+
+# KW / W_PER_SPLIT unspecialized: when Triton may assume 16-divisible row lengths it gives
+# each thread 4 contiguous words of 2 rows (16-byte loads) instead of 1 word of 8 rows, and
+# the per-code activation loads then amortize over 2 rows instead of 8: 10.8 against 9.2
+# SASS instructions per weight byte in the loop (4-bit, sm_90, BLOCK_N=64, BLOCK_W=16, 4 warps).
+# 8-bit has half the codes (activations) per word, so there the 16-byte loads win: VEC = 4
+# (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
+# each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
+# per byte, 125 against 255 registers.
+@triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
+def _wna16_gemv_words_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr,
+):  # fmt: skip
+    CPW: tl.constexpr = 32 // BITS  # codes per word
+    CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = offs_n % N  # rows past N recompute row rn; their results are masked at the store
+    x_row = x_ptr + m * (KW * CPW)
+    w_start = pid_k * W_PER_SPLIT
+    row = rn * KW
+    if VEC > 1:
+        row = tl.multiple_of(row, VEC)
+
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + rn * G + ((w_start * CPW) // GROUP if GROUP > 0 else 0)).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    for it in range(0, W_PER_SPLIT // BLOCK_W):
+        w0 = w_start + it * BLOCK_W
+        if VEC > 1:
+            w0 = tl.multiple_of(w0, VEC)
+        ow = w0 + tl.arange(0, BLOCK_W)
+        words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        if GROUP > 0:
+            g = (w0 * CPW) // GROUP
+            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + rn * G + g).to(tl.float32)
+        # per-channel: straight into acc (a separate tile sum costs one FADD per word:
+        # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
+        t = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32) if GROUP > 0 else acc
+        for h in tl.static_range(2):
+            half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
+            for j in tl.static_range(CPH):
+                # Code j stays in place (bits BITS*j..): the exponent trick then yields
+                # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
+                # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
+                # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
+                # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
+                # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
+                cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, None]
+                xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
+                t += cj * xj[None, :]
+        if GROUP > 0:
+            acc += t * s[:, None]
+        else:
+            acc = t
+
+    res = tl.sum(acc, axis=1)
+    if GROUP <= 0:
+        res = res * tl.load(s_ptr + rn * G).to(tl.float32)
+    mask = offs_n < N
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + rn).to(tl.float32)
+        tl.store(out_ptr + m * N + offs_n, res.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + m * N + offs_n, res, mask=mask)
+
+
+def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
+    """Whether this kernel can take the problem: 4- or 8-bit, K a whole number of ``block_w``-word
+    tiles (32 codes for 4-bit, 16 for 8-bit at the default 4 words) and so is the group; the
+    launcher shrinks BLOCK_W to a divisor of K / CPW where needed."""
+    if bits not in (4, 8):
+        return False
+    codes = (32 // bits) * block_w
+    return k % codes == 0 and (group_size <= 0 or group_size % codes == 0)
+
+
+def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps} (arguments already checked)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    cpw = 32 // bits
+    kw = k // cpw
+    if bits not in (4, 8) or k % cpw:
+        raise ValueError(f"wna16_gemv_words: {bits}-bit K={k} is not a whole number of int32 words")
+    x = x.contiguous()
+    words = qweight.view(torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
+    block_w = cfg["BLOCK_W"] if group_size <= 0 else min(cfg["BLOCK_W"], group_size // cpw)
+    while kw % block_w:  # per-channel K that is a multiple of the minimum tile but not of BLOCK_W (e.g. 576)
+        block_w //= 2
+    split_k = cfg.get("SPLIT_K", 1)
+    while split_k > 1 and kw % (split_k * block_w):
+        split_k //= 2
+    w_per_split = kw // split_k
+    vec = 4 if bits == 8 and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
+    _wna16_gemv_words_kernel[grid](
+        x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
+        BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+    )  # fmt: skip
+    if split_k > 1:
+        splitk_reduce(ws, bias, out)
+    return out

@@ -1,0 +1,138 @@
+"""The int32-word GEMV of ``qfuse::wna16_gemm`` (ops/wna16_gemv_words.py), 4- and 8-bit,
+against the reference kernel ``wna16_gemm_ref``.
+
+CPU (CI): the launcher under the Triton interpreter on small shapes. GPU (``pytest -m gpu``):
+every ``gemv_words`` candidate config of the dispatcher at the real decode shapes.
+Tolerance: ``assert_close_to_ref`` of tests/ops/test_wna16_gemm_kernel.py,
+``|out - ref| <= 2 * eps(dtype) * max|ref|``: the kernel differs from the reference only in
+float32 summation order and in applying the scale to a tile's partial dot instead of to a
+weight rounded to the activation dtype (reasons in that file's docstring).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qfuse.ops.wna16_dispatch import candidate_configs, run_config
+from qfuse.ops.wna16_gemv_words import wna16_gemv_words, words_supported
+from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, make_problem
+
+# 64 codes per tile (4-bit: 8 words, 8-bit: 16 words), so K = 256 splits into 4 whole tiles
+BLOCK_W = {4: 8, 8: 16}
+
+
+def _cfg(bits: int, split_k: int, block_n: int = 16) -> dict:
+    return {"BLOCK_N": block_n, "BLOCK_W": BLOCK_W[bits], "SPLIT_K": split_k, "num_warps": 4}
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes.contiguous()
+
+
+# ---------------------------------------------------------------- CPU: Triton interpreter
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("m,split_k,asym", [(1, 1, False), (2, 2, True), (7, 4, True), (1, 4, False)])
+def test_gemv_words_kernel_interpreter(bits, group_size, m, split_k, asym):
+    # N = 40 with BLOCK_N = 16: a partial last row tile; K = 256: split-K 2 and 4 take whole tiles
+    i = bits // 4 + m + (group_size > 0)  # cycles dtype and bias over the grid
+    dtype = (torch.bfloat16, torch.float16)[i % 2]
+    x, qw, s, z, b = make_problem(m, 40, 256, bits, group_size, dtype, asym=asym, bias=(i // 2) % 2 == 0)
+    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, _cfg(bits, split_k))
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("asym", [False, True])
+def test_gemv_words_kernel_extreme_codes(bits, asym):
+    # every code 0 or 2**bits - 1; zero points at the other end (or the implicit 2**(bits-1)):
+    # the largest |u - z| and the top code in every position of the word (u * 2**(BITS*j) up to
+    # 255 * 2**8 in the exponent trick must stay exact)
+    top = (1 << bits) - 1
+    x, _, s, _, _ = make_problem(2, 16, 128, bits, 32, torch.bfloat16, asym=False, bias=False)
+    codes = torch.randint(0, 2, (16, 128), dtype=torch.uint8) * top
+    qw = _pack(codes, bits)
+    z = (top - codes[:, ::32]).contiguous() if asym else None
+    out = wna16_gemv_words(x, qw, s, z, None, bits, 32, _cfg(bits, 2))
+    assert_close_to_ref(out, x, qw, s, z, None, bits, 32)
+
+
+@pytest.mark.parametrize(
+    "bits,k,group_size",
+    [(4, 576, -1), (4, 576, 64), (4, 96, 32), (8, 560, -1), (8, 576, 64), (8, 96, 32)],
+)
+def test_gemv_words_k_not_a_multiple_of_the_configured_tile(bits, k, group_size):
+    # K = 576 (SmolLM2's hidden size) is 72 4-bit / 144 8-bit words: not a multiple of BLOCK_W
+    # = 16 / 32; 8-bit K = 560 is 140 words: BLOCK_W shrinks to 4
+    assert words_supported(k, bits, group_size)
+    x, qw, s, z, b = make_problem(1, 24, k, bits, group_size, torch.bfloat16, asym=True, bias=True)
+    cfg = {"BLOCK_N": 16, "BLOCK_W": 4 * bits, "SPLIT_K": 4}  # the dispatcher's BLOCK_W per width
+    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, cfg)
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+def test_gemv_words_8bit_rows_not_a_multiple_of_4_words():
+    # K = 40 is 10 words: outside words_supported, but the launcher still runs it with scalar
+    # word loads (VEC = 1, BLOCK_W = 2)
+    assert not words_supported(40, 8, -1)
+    x, qw, s, z, b = make_problem(3, 20, 40, 8, -1, torch.float16, asym=True, bias=True)
+    out = wna16_gemv_words(x, qw, s, z, b, 8, -1, {"BLOCK_N": 16, "BLOCK_W": 32, "SPLIT_K": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, 8, -1)
+
+
+def test_gemv_words_rejects_partial_words():
+    x, qw, s, z, b = make_problem(1, 16, 42, 8, -1, torch.bfloat16, asym=False, bias=False)
+    with pytest.raises(ValueError, match="whole number of int32 words"):
+        wna16_gemv_words(x, qw, s, z, b, 8, -1, _cfg(8, 1))
+
+
+def test_words_supported():
+    assert words_supported(4096, 4, 128) and words_supported(4096, 8, 128)
+    assert words_supported(14336, 8, -1) and words_supported(576, 8, 32)
+    assert words_supported(48, 8, -1) and not words_supported(48, 4, -1)  # 16 codes = 4 8-bit words
+    assert not words_supported(4104, 8, -1) and not words_supported(4096, 2, 128)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tolerance_catches_a_code_order_swap(bits):
+    """The check can fail: codes swapped within each byte pair / nibble pair (a layout bug)."""
+    x, qw, s, z, b = make_problem(1, 32, 128, bits, 64, torch.bfloat16, asym=True, bias=False)
+    if bits == 4:
+        swapped = ((qw >> 4) | (qw << 4)).contiguous()
+    else:
+        swapped = qw.view(-1, 2).flip(-1).reshape(qw.shape).contiguous()
+    out = wna16_gemv_words(x, swapped, s, z, b, bits, 64, _cfg(bits, 1))
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(out, x, qw, s, z, b, bits, 64)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dispatcher_offers_and_runs_gemv_words(bits):
+    cands = [c for c in candidate_configs(1, 4096, 4096, bits, 128) if c["kernel"] == "gemv_words"]
+    assert len(cands) == 8 and {c["BLOCK_W"] for c in cands} == {4 * bits}  # 128 codes per row and tile
+    assert candidate_configs(1, 4096, 4096, bits, 128)[0]["kernel"] == "gemv_words"
+    x, qw, s, z, b = make_problem(2, 40, 256, bits, 128, torch.bfloat16, asym=True, bias=True)
+    cfg = {**cands[0], "BLOCK_N": 16}  # the interpreter: a small row tile; SPLIT_K as offered
+    assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, 128), x, qw, s, z, b, bits, 128)
+
+
+# ---------------------------------------------------------------- GPU: real decode shapes
+
+SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "n,k,group_size,asym",
+    _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]),
+)
+def test_gpu_every_gemv_words_candidate_8bit(n, k, group_size, asym):
+    dtype = (torch.bfloat16, torch.float16)[(n // 1024 + k // 1024 + asym) % 2]
+    x, qw, s, z, b = make_problem(1, n, k, 8, group_size, dtype, asym, bias=asym, device="cuda")
+    cands = [c for c in candidate_configs(1, n, k, 8, group_size) if c["kernel"] == "gemv_words"]
+    assert cands
+    for cfg in cands:
+        assert_close_to_ref(run_config(cfg, x, qw, s, z, b, 8, group_size), x, qw, s, z, b, 8, group_size)
