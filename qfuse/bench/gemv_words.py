@@ -1,10 +1,12 @@
-"""``qfuse bench gemv_words``: the int32-word W4A16 GEMV (ops/wna16_gemv_words.py) at decode M,
-every config of it, against bf16 ``torch.matmul``, tinygemm and a baseline ``wna16_gemm`` config
-table, in one run. CUDA-graph medians over rotated weight copies (qfuse/bench/timing.py).
+"""``qfuse bench gemv_words``: the int32-word GEMV (ops/wna16_gemv_words.py; W4A16 and W8A16) at
+decode M, every dispatcher config of it, against bf16 ``torch.matmul``, tinygemm (4-bit only) and
+a baseline ``wna16_gemm`` config table, in one run. CUDA-graph medians over rotated weight copies
+(qfuse/bench/timing.py).
 
 Every word-GEMV config is first checked against the reference kernel (symmetric and with zero
 points) on the real shape. The baseline column runs whatever config the given JSON ships for
-that key (default: the shipped ops/tuned/wna16_gemm.NVIDIA_H200.json).
+that key (default: the shipped ops/tuned/wna16_gemm.NVIDIA_H200.json). The configs timed are the
+dispatcher's ``gemv_words`` candidates for M = 1 (ops/wna16_dispatch.py), at every M given.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)
 GROUP = 128
 
 
-def _weights(n: int, k: int, copies: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _weights(n: int, k: int, bits: int, copies: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ws = []
     for _ in range(copies):
-        codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, device="cuda")
-        qw = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+        codes = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8, device="cuda")
+        qw = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes
         s = (torch.rand(n, k // GROUP, device="cuda") * 0.02 + 0.005).bfloat16()
         ws.append((qw, s))
     return ws
@@ -40,52 +42,57 @@ def _tinygemm(ws, n: int, k: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qfuse.ops.wna16_gemv_words import wna16_gemv_words
-    from qfuse.ops.wna16_dispatch import config_key, run_config
+    from qfuse.ops.wna16_dispatch import candidate_configs, config_key, run_config
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
+    from qfuse.ops.wna16_gemv_words import wna16_gemv_words
 
     from .timing import copies_for, copy_bandwidth, time_graph, write_csv
 
     p = argparse.ArgumentParser(prog="qfuse bench gemv_words", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--m", default="1,2,4", help="comma-separated M values")
+    p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="weight widths (default: both)")
     p.add_argument("--baseline-json", type=Path, default=Path(__file__).resolve().parents[2] / "ops/tuned/wna16_gemm.NVIDIA_H200.json")
     args = p.parse_args(argv)
     baseline = json.loads(args.baseline_json.read_text())
     torch.manual_seed(0)
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    cfgs = [{"BLOCK_N": bn, "BLOCK_W": 16, "SPLIT_K": sk, "num_warps": 4} for bn in (64, 128) for sk in (1, 2, 4, 8)]
     rows = []
     for n, k in SHAPES:
-        nbytes = n * k // 2 + n * (k // GROUP) * 2
-        ws = _weights(n, k, copies_for(nbytes))
         wb = [torch.randn(n, k, device="cuda").bfloat16() for _ in range(copies_for(n * k * 2))]
-        tg = _tinygemm(ws, n, k)
-        for m in (int(v) for v in args.m.split(",")):
-            x = torch.randn(m, k, device="cuda").bfloat16()
-            qw, s = ws[0]
-            for z in (None, torch.randint(0, 16, (n, k // GROUP), dtype=torch.uint8, device="cuda")):
-                ref = wna16_gemm_ref(x, qw, s, z, None, 4, GROUP).float()
-                tol = 2 * torch.finfo(torch.bfloat16).eps * ref.abs().max().item()
+        for bits in args.bits:
+            cfgs = [c for c in candidate_configs(1, n, k, bits, GROUP) if c["kernel"] == "gemv_words"]
+            nbytes = n * k * bits // 8 + n * (k // GROUP) * 2
+            ws = _weights(n, k, bits, copies_for(nbytes))
+            tg = _tinygemm(ws, n, k) if bits == 4 else None
+            for m in (int(v) for v in args.m.split(",")):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                qw, s = ws[0]
+                for z in (None, torch.randint(0, 2**bits, (n, k // GROUP), dtype=torch.uint8, device="cuda")):
+                    ref = wna16_gemm_ref(x, qw, s, z, None, bits, GROUP).float()
+                    tol = 2 * torch.finfo(torch.bfloat16).eps * ref.abs().max().item()
+                    for c in cfgs:
+                        err = (wna16_gemv_words(x, qw, s, z, None, bits, GROUP, c).float() - ref).abs().max().item()
+                        assert err <= tol, f"{bits}-bit {n}x{k} M={m} {c}: error {err:.3g} > {tol:.3g}"
+                r = {"bits": bits, "N": n, "K": k, "M": m, "bf16": time_graph([lambda w=w: torch.matmul(x, w.t()) for w in wb])}
+                key = "|".join(["wna16_gemm", "NVIDIA_H200", *map(str, config_key(m, n, k, bits, GROUP, torch.bfloat16))])
+                base = baseline.get(key)
+                if base:
+                    r["baseline"] = time_graph([lambda w=w: run_config(base, x, w[0], w[1], None, None, bits, GROUP) for w in ws])
+                    r["baseline_cfg"] = base["kernel"]
+                if tg is not None:
+                    r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
                 for c in cfgs:
-                    err = (wna16_gemv_words(x, qw, s, z, None, 4, GROUP, c).float() - ref).abs().max().item()
-                    assert err <= tol, f"{n}x{k} M={m} {c}: error {err:.3g} > {tol:.3g}"
-            r = {"N": n, "K": k, "M": m, "bf16": time_graph([lambda w=w: torch.matmul(x, w.t()) for w in wb])}
-            key = "|".join(["wna16_gemm", "NVIDIA_H200", *map(str, config_key(m, n, k, 4, GROUP, torch.bfloat16))])
-            base = baseline.get(key)
-            if base:
-                r["baseline"] = time_graph([lambda w=w: run_config(base, x, w[0], w[1], None, None, 4, GROUP) for w in ws])
-                r["baseline_cfg"] = base["kernel"]
-            r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
-            for c in cfgs:
-                r[f"words_bn{c['BLOCK_N']}_sk{c['SPLIT_K']}"] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, 4, GROUP, c) for w in ws])
-            words = {kk: v for kk, v in r.items() if kk.startswith("words")}
-            best = min(words, key=words.get)
-            r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)
-            rows.append(r)
-            print(f"{n}x{k} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
-                  f"tinygemm {r['tinygemm']:.1f}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
-                  f"x_bf16 {r['bf16'] / r['words_best']:.2f}", flush=True)
+                    r[f"words_bn{c['BLOCK_N']}_sk{c['SPLIT_K']}"] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, bits, GROUP, c) for w in ws])
+                words = {kk: v for kk, v in r.items() if kk.startswith("words")}
+                best = min(words, key=words.get)
+                r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)
+                rows.append(r)
+                tiny = f"{r['tinygemm']:.1f}" if "tinygemm" in r else "-"
+                print(f"{n}x{k} W{bits} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
+                      f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
+                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}", flush=True)
+            del ws, tg
     write_csv(rows, args.out / "gemv_words.csv")
     return 0
