@@ -14,6 +14,10 @@ A config is a dict whose ``"kernel"`` names the family:
   the weights as the MMA's A operand, 9.4 against 13.3 for the M = 16 4-bit config); a
   candidate for every tiled config, not yet measured on a GPU, so the tiled kernel stays
   the heuristic;
+* ``"tiled_planes"`` (4-bit, any M): the weights as the MMA's A operand, dequantized by inline
+  PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair; 6.4-8.8 sm_90
+  SASS instructions per weight byte in the decode loop against 8.1-9.4 for tiled_words;
+  ops/w4a16_tiled_planes.py); not yet measured on a GPU;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -97,12 +101,37 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         tiled = [c for c in cands if c["kernel"] == "tiled"]
         cands += [{**c, "kernel": "tiled_words", "SWAP_AB": True} for c in tiled if c["BLOCK_M"] <= 64]
         cands += [{**c, "kernel": "tiled_words"} for c in tiled]
+    if bits == 4:
+        cands += _planes_configs(cands, mb, k, gk, exhaustive)
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     if mb <= 4:  # heuristic first: at M = 1 a GEMV (the word GEMV where offered); at M = 2..4 the tiled split-K one
         first = ("gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv") if mb == 1 else "tiled"
         cands.sort(key=lambda c: c["kernel"] != first)
     return cands
+
+
+def _planes_configs(cands: list[dict], mb: int, k: int, gk: int, exhaustive: bool) -> list[dict]:
+    """ops/w4a16_tiled_planes.py configs: each decode / mid-M tiled config with the weights as
+    the MMA's A operand, in its int32-word (8-plane, BLOCK_K >= 128) and byte (2-plane) forms;
+    for M bucket >= 64 a few large weight-major tiles (wgmma's N side takes up to 256 tokens)."""
+    words_ok = k % 8 == 0
+    out = []
+    for c in cands:
+        if c["kernel"] != "tiled" or c["BLOCK_M"] > 64:
+            continue
+        if words_ok and c["BLOCK_K"] >= 128:
+            out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "WORDS": True})
+        out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "WORDS": False})
+        if exhaustive:
+            out.append({**c, "kernel": "tiled_planes", "SWAP_AB": False, "WORDS": False})
+    if mb >= 64:
+        for bm, bn, bk, warps, stages in ((64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3)):
+            bk = min(bk, gk)
+            if bm <= 2 * mb:
+                out.append({"kernel": "tiled_planes", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
+                            "SWAP_AB": True, "WORDS": words_ok and bk >= 128, "num_warps": warps, "num_stages": stages})
+    return out
 
 
 def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
@@ -122,6 +151,10 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
         from .wna16_tiled_words import wna16_tiled_words
 
         return wna16_tiled_words(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+    if kind == "tiled_planes":
+        from .w4a16_tiled_planes import w4a16_tiled_planes
+
+        return w4a16_tiled_planes(x, qweight, scales, zeros, bias, group_size, cfg)
     if kind == "dequant_mm":
         from ._wna16_common import dequantize_triton
 
@@ -141,8 +174,8 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     m, k = x.shape
     n = qweight.shape[0]
     cands = candidate_configs(m, n, k, bits, group_size, _sm_count(x.device))
-    if not experimental_kernels():  # tiled_words has not been through the GPU grid yet (ops/_autotune.py)
-        cands = [c for c in cands if c["kernel"] != "tiled_words"]
+    if not experimental_kernels():  # families not yet through the GPU grid (ops/_autotune.py)
+        cands = [c for c in cands if c["kernel"] not in ("tiled_words", "tiled_planes")]
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)
