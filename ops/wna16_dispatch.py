@@ -74,8 +74,10 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                 for warps in (4, 8) if exhaustive else (4,):
                     cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "num_warps": warps, "num_stages": 2})
     if mb <= 2 and words_supported(k, bits, group_size):
-        bw = 16 if bits == 4 else 32  # 128 codes per row and tile (SASS per config: ops/wna16_gemv_words.py)
-        for bn in (128, 64):
+        # 128 codes per row and tile; 8-bit groups of 64 / 32 (BLOCK_W = group / 4) take 2x / 4x the
+        # rows, so a thread still reads 32 words per tile (4.4 SASS instr / byte; ops/wna16_gemv_words.py)
+        bw, rows = (16, 1) if bits == 4 else (32, max(1, 128 // group_size) if group_size > 0 else 1)
+        for bn in (128 * rows, 64 * rows):
             for sp in (8, 4, 2, 1):
                 cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": 4})
     if mb <= 64:

@@ -23,20 +23,25 @@ the reference: float32 summation order, and the scale applied to a tile's partia
 of a w_hat rounded to the activation dtype (the tests' tolerance covers both).
 
 About 3 instructions per code (LOP3, FADD, FFMA) plus one SHF and one scale FFMA per word.
-sm_90 SASS of the loop (triton 3.7.1, bf16, symmetric / with zero points, per weight byte):
+sm_90 SASS of the loop (triton 3.7.1, bf16, 4 warps; symmetric / with zero points, per
+weight byte):
 
     4-bit  BLOCK_N=128 BLOCK_W=16   group 128: 8.23 / 8.84   per-channel: 7.42
     8-bit  BLOCK_N=128 BLOCK_W=32   group 128: 4.36 / 4.52   per-channel: 3.92
-    8-bit  BLOCK_N=64  BLOCK_W=32   group 128: 4.97 / 5.44   (4 warps each)
+    8-bit  BLOCK_N=64  BLOCK_W=32   group 128: 4.97 / 5.44   per-channel: 4.48
+    8-bit  BLOCK_N=256 BLOCK_W=16   group  64: 4.37 / 4.60   (BLOCK_N=128: 5.00 / 5.33)
+    8-bit  BLOCK_N=512 BLOCK_W=8    group  32: 4.41 / 4.77   (BLOCK_N=128: 6.34 / 6.91)
 
 against the byte-wise GEMV (ops/wna16_gemv.py: byte extract, nibble join, per-code scale):
-15-20 for 4-bit and 7.4 for 8-bit (BLOCK_N=32, BLOCK_K=128, its shipped 8-bit M = 1 config). A
-decode GEMV is issue-bound well before it is HBM-bound (~8 instructions per byte is the
-H200's break-even: 128 thread-instructions / clk / SM against ~15 B / clk / SM), so
-instructions per weight byte set its speed. One program: one activation row, BLOCK_N weight
-rows, a 1/SPLIT_K slice of K; the float32 partial of a split goes through the shared
-deterministic split-K reduction. A tile never spans two groups (BLOCK_W * CPW <= group_size),
-so each tile takes one scale per row. Needs K % CPW == 0 (whole words).
+15-20 for 4-bit and 7.4 for 8-bit (BLOCK_N=32, BLOCK_K=128, its shipped 8-bit M = 1 config).
+For 8-bit, 32 words per thread and tile is the sweet spot (no spills, <= 255 registers),
+hence the dispatcher's BLOCK_N = 128 * 128 / group for 8-bit groups below 128. A decode
+GEMV is issue-bound well before it is HBM-bound (~8 instructions per byte is the H200's
+break-even: 128 thread-instructions / clk / SM against ~15 B / clk / SM), so instructions
+per weight byte set its speed. One program: one activation row, BLOCK_N weight rows, a
+1/SPLIT_K slice of K; the float32 partial of a split goes through the shared deterministic
+split-K reduction. A tile never spans two groups (BLOCK_W * CPW <= group_size), so each
+tile takes one scale per row. Needs K % CPW == 0 (whole words).
 """
 
 from __future__ import annotations

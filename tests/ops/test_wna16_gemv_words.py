@@ -109,14 +109,19 @@ def test_tolerance_catches_a_code_order_swap(bits):
         assert_close_to_ref(out, x, qw, s, z, b, bits, 64)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_dispatcher_offers_and_runs_gemv_words(bits):
-    cands = [c for c in candidate_configs(1, 4096, 4096, bits, 128) if c["kernel"] == "gemv_words"]
-    assert len(cands) == 8 and {c["BLOCK_W"] for c in cands} == {4 * bits}  # 128 codes per row and tile
-    assert candidate_configs(1, 4096, 4096, bits, 128)[0]["kernel"] == "gemv_words"
-    x, qw, s, z, b = make_problem(2, 40, 256, bits, 128, torch.bfloat16, asym=True, bias=True)
-    cfg = {**cands[0], "BLOCK_N": 16}  # the interpreter: a small row tile; SPLIT_K as offered
-    assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, 128), x, qw, s, z, b, bits, 128)
+@pytest.mark.parametrize(
+    "bits,group_size,block_n",
+    [(4, 128, 128), (4, -1, 128), (8, 128, 128), (8, -1, 128), (8, 64, 256), (8, 32, 512)],
+)
+def test_dispatcher_offers_and_runs_gemv_words(bits, group_size, block_n):
+    # 128 codes per row and tile; 8-bit groups below 128 trade tile width for rows (32 words a thread)
+    cands = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
+    assert len(cands) == 8 and {c["BLOCK_W"] for c in cands} == {4 * bits}
+    assert {c["BLOCK_N"] for c in cands} == {block_n, block_n // 2}
+    assert candidate_configs(1, 4096, 4096, bits, group_size)[0]["kernel"] == "gemv_words"
+    x, qw, s, z, b = make_problem(2, 40, 256, bits, group_size, torch.bfloat16, asym=True, bias=True)
+    cfg = next(c for c in cands if c["SPLIT_K"] == 2)  # as offered: BLOCK_N > N exercises the row wrap
+    assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, group_size), x, qw, s, z, b, bits, group_size)
 
 
 # ---------------------------------------------------------------- GPU: real decode shapes
@@ -127,10 +132,11 @@ SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "n,k,group_size,asym",
-    _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]),
+    _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]
+              + [(4096, 4096, g, asym) for g in (64, 32) for asym in (False, True)]),  # BLOCK_N = 256 / 512
 )
 def test_gpu_every_gemv_words_candidate_8bit(n, k, group_size, asym):
-    dtype = (torch.bfloat16, torch.float16)[(n // 1024 + k // 1024 + asym) % 2]
+    dtype = (torch.bfloat16, torch.float16)[(asym + (group_size < 0)) % 2]  # every dtype x zero-point pair
     x, qw, s, z, b = make_problem(1, n, k, 8, group_size, dtype, asym, bias=asym, device="cuda")
     cands = [c for c in candidate_configs(1, n, k, 8, group_size) if c["kernel"] == "gemv_words"]
     assert cands
