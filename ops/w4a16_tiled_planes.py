@@ -22,6 +22,10 @@ kernels. ``lo`` is the even-k plane and ``hi`` the odd-k plane of the weight til
     part = lo @ x_even^T + hi @ x_odd^T          (two MMAs, float32 accumulator, exact u - z)
     acc += part * s[n, g]   (grouped, per K tile)      acc *= s[n] after the loop (per-channel)
 
+``PLANES = 4`` (config key): the tile is read as int16 halves (4 codes, k = 4h + t) and a
+register of two halves gives plane t directly, ``((r >> 4t) & 0x000F000F) | MAGIC`` then the
+packed FMA: 11 instructions per 8 codes and no PRMT; four MMAs of depth BLOCK_K / 4.
+
 The weights reach the MMA as exact small integers and the scale multiplies the float32
 partial: no rounding of ``(u - z) * s`` to the activation dtype, so this differs from the
 reference (which rounds it once) by that rounding; tolerance in the tests. ``SWAP_AB``:
@@ -49,13 +53,13 @@ prmt.b32 t23, $4, 0, 0x4342;
 lop3.b32 v, t01, 0x000F000F, 0x43004300, 0xEA;
 fma.rn.bf16x2 $0, v, one, $5;
 lop3.b32 v, t23, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $1, v, one, $5;
+fma.rn.bf16x2 $1, v, one, $6;
 shr.u32 t01, t01, 4;
 shr.u32 t23, t23, 4;
 lop3.b32 v, t01, 0x000F000F, 0x43004300, 0xEA;
 fma.rn.bf16x2 $2, v, one, $5;
 lop3.b32 v, t23, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $3, v, one, $5;
+fma.rn.bf16x2 $3, v, one, $6;
 }""")
 _PLANES_FP16 = tl.constexpr("""{
 .reg .b32 t01, t23, v;
@@ -64,13 +68,13 @@ prmt.b32 t23, $4, 0, 0x4342;
 lop3.b32 v, t01, 0x000F000F, 0x64006400, 0xEA;
 add.f16x2 $0, v, $5;
 lop3.b32 v, t23, 0x000F000F, 0x64006400, 0xEA;
-add.f16x2 $1, v, $5;
+add.f16x2 $1, v, $6;
 shr.u32 t01, t01, 4;
 shr.u32 t23, t23, 4;
 lop3.b32 v, t01, 0x000F000F, 0x64006400, 0xEA;
 add.f16x2 $2, v, $5;
 lop3.b32 v, t23, 0x000F000F, 0x64006400, 0xEA;
-add.f16x2 $3, v, $5;
+add.f16x2 $3, v, $6;
 }""")
 
 
@@ -94,96 +98,71 @@ def nibble_planes(b, z, dtype: tl.constexpr, ASM: tl.constexpr):
     return lo, hi
 
 
-# Two int32 words (w, w + 1) -> the 8 code planes as (code t of w, code t of w + 1) pairs:
-# halves of both words side by side (2 PRMT), then per plane SHF + LOP3 + one packed FMA.
-_WORD_PLANES_BF16 = tl.constexpr("""{
-.reg .b32 a, b, v, one, w0, w1;
+# Two 16-bit halves of a word (h0 = codes 0-3, h1 = codes 4-7) arrive packed in one register
+# (``pack=2`` on int16 always makes one 32-bit operand; int32 pairs become one or two operands
+# depending on the layout Triton picks). Plane t = (code t of h0, code t of h1), in place:
+# SHF + LOP3 + one packed FMA per plane, 11 instructions per 8 codes.
+_HALF_PLANES_BF16 = tl.constexpr("""{
+.reg .b32 v, one;
 mov.b32 one, 0x3F803F80;
-mov.b64 {w0, w1}, $8;
-prmt.b32 a, w0, w1, 0x5410;
-prmt.b32 b, w0, w1, 0x7632;
-lop3.b32 v, a, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $0, v, one, $9;
-shr.u32 v, a, 4;
+lop3.b32 v, $4, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 $0, v, one, $5;
+shr.u32 v, $4, 4;
 lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $1, v, one, $9;
-shr.u32 v, a, 8;
+fma.rn.bf16x2 $1, v, one, $5;
+shr.u32 v, $4, 8;
 lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $2, v, one, $9;
-shr.u32 v, a, 12;
+fma.rn.bf16x2 $2, v, one, $5;
+shr.u32 v, $4, 12;
 lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $3, v, one, $9;
-lop3.b32 v, b, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $4, v, one, $9;
-shr.u32 v, b, 4;
-lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $5, v, one, $9;
-shr.u32 v, b, 8;
-lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $6, v, one, $9;
-shr.u32 v, b, 12;
-lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 $7, v, one, $9;
+fma.rn.bf16x2 $3, v, one, $5;
 }""")
-_WORD_PLANES_FP16 = tl.constexpr(_WORD_PLANES_BF16.value.replace("0x43004300", "0x64006400")
+_HALF_PLANES_FP16 = tl.constexpr(_HALF_PLANES_BF16.value.replace("0x43004300", "0x64006400")
                                  .replace("fma.rn.bf16x2", "fma.rn.f16x2").replace("0x3F803F80", "0x3C003C00"))
 
 
 @triton.jit
-def word_planes(words, z, dtype: tl.constexpr, ASM: tl.constexpr):
-    """int32 words ``[BN, W]`` (8 codes each, code t in bits 4t..) -> the 8 planes
-    ``u_t - z`` as ``dtype [BN, W]`` (exact), plane t holding k = 8w + t."""
+def half_planes(halves, z, dtype: tl.constexpr, ASM: tl.constexpr):
+    """int16 halves ``[BN, H]`` (4 codes each, code t in bits 4t..) -> the 4 planes
+    ``u_t - z`` as ``dtype [BN, H]`` (exact), plane t holding k = 4h + t."""
     if ASM:
         if dtype == tl.bfloat16:
             neg = (-(z + 128.0)).to(tl.bfloat16)[:, None]
-            return tl.inline_asm_elementwise(_WORD_PLANES_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,l,r", [words, neg],
-                                             dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+            return tl.inline_asm_elementwise(_HALF_PLANES_BF16, "=r,=r,=r,=r,r,r", [halves, neg],
+                                             dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
         else:
             neg = (-(z + 1024.0)).to(tl.float16)[:, None]
-            return tl.inline_asm_elementwise(_WORD_PLANES_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,l,r", [words, neg],
-                                             dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+            return tl.inline_asm_elementwise(_HALF_PLANES_FP16, "=r,=r,=r,=r,r,r", [halves, neg],
+                                             dtype=(tl.float16,) * 4, is_pure=True, pack=2)
     else:
+        hv = halves.to(tl.int32)
         zz = z[:, None]
-        return (((words & 15).to(tl.float32) - zz).to(dtype), (((words >> 4) & 15).to(tl.float32) - zz).to(dtype),
-                (((words >> 8) & 15).to(tl.float32) - zz).to(dtype), (((words >> 12) & 15).to(tl.float32) - zz).to(dtype),
-                (((words >> 16) & 15).to(tl.float32) - zz).to(dtype), (((words >> 20) & 15).to(tl.float32) - zz).to(dtype),
-                (((words >> 24) & 15).to(tl.float32) - zz).to(dtype), (((words >> 28) & 15).to(tl.float32) - zz).to(dtype))
+        return ((((hv & 15).to(tl.float32) - zz).to(dtype)), (((hv >> 4) & 15).to(tl.float32) - zz).to(dtype),
+                (((hv >> 8) & 15).to(tl.float32) - zz).to(dtype), (((hv >> 12) & 15).to(tl.float32) - zz).to(dtype))
 
 
 @triton.jit
-def _split8(xt, BM: tl.constexpr, BW: tl.constexpr):
-    """``[BM, 8 * BW]`` -> its 8 column planes ``x[:, 8w + t]`` (``[BM, BW]`` each, t = 0..7)."""
-    a, b = tl.split(tl.reshape(xt, (BM, BW, 2, 2, 2)))  # t0 = 0 / 1: [BM, BW, t2, t1]
-    a0, a1 = tl.split(a)  # t1
-    b0, b1 = tl.split(b)
-    p0, p4 = tl.split(a0)  # t2
-    p2, p6 = tl.split(a1)
-    p1, p5 = tl.split(b0)
-    p3, p7 = tl.split(b1)
-    return p0, p1, p2, p3, p4, p5, p6, p7
+def _split4(xt, BM: tl.constexpr, BH4: tl.constexpr):
+    """``[BM, 4 * BH4]`` -> its 4 column planes ``x[:, 4h + t]`` (``[BM, BH4]`` each)."""
+    a, b = tl.split(tl.reshape(xt, (BM, BH4, 2, 2)))  # t0 = 0 / 1: [BM, BH4, t1]
+    p0, p2 = tl.split(a)
+    p1, p3 = tl.split(b)
+    return p0, p1, p2, p3
 
 
 @triton.jit
-def _acc8(acc, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
+def _acc4(acc, w0, w1, w2, w3, x0, x1, x2, x3, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
     """acc + sum_t plane_t(w) @ plane_t(x)^T (SWAP_AB) or sum_t plane_t(x) @ plane_t(w)^T."""
     if SWAP_AB:
         acc = mma(w0, tl.trans(x0), acc, DOT_F32)
         acc = mma(w1, tl.trans(x1), acc, DOT_F32)
         acc = mma(w2, tl.trans(x2), acc, DOT_F32)
         acc = mma(w3, tl.trans(x3), acc, DOT_F32)
-        acc = mma(w4, tl.trans(x4), acc, DOT_F32)
-        acc = mma(w5, tl.trans(x5), acc, DOT_F32)
-        acc = mma(w6, tl.trans(x6), acc, DOT_F32)
-        acc = mma(w7, tl.trans(x7), acc, DOT_F32)
     else:
         acc = mma(x0, tl.trans(w0), acc, DOT_F32)
         acc = mma(x1, tl.trans(w1), acc, DOT_F32)
         acc = mma(x2, tl.trans(w2), acc, DOT_F32)
         acc = mma(x3, tl.trans(w3), acc, DOT_F32)
-        acc = mma(x4, tl.trans(w4), acc, DOT_F32)
-        acc = mma(x5, tl.trans(w5), acc, DOT_F32)
-        acc = mma(x6, tl.trans(w6), acc, DOT_F32)
-        acc = mma(x7, tl.trans(w7), acc, DOT_F32)
     return acc
 
 
@@ -194,7 +173,7 @@ def _w4a16_tiled_planes_kernel(
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, WORDS: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    SWAP_AB: tl.constexpr, HALVES: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -206,7 +185,7 @@ def _w4a16_tiled_planes_kernel(
     dtype = x_ptr.dtype.element_ty
     k_start = pid_k * K_PER_SPLIT
     BH: tl.constexpr = BLOCK_K // 2
-    BW: tl.constexpr = BLOCK_K // 8
+    BH4: tl.constexpr = BLOCK_K // 4
 
     if HAS_ZEROS:
         z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
@@ -225,10 +204,10 @@ def _w4a16_tiled_planes_kernel(
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
-        if WORDS:  # 8 planes k = 8w + t from int32 words (a whole number of words per tile)
-            offs_w = k0 // 8 + tl.arange(0, BW)
-            w_ptrs = qw_ptr + rn[:, None] * (KB // 4) + offs_w[None, :]
-            w_mask = (offs_w < KB // 4)[None, :]
+        if HALVES:  # 4 planes k = 4h + t from int16 halves (a whole number of halves per tile)
+            offs_h = k0 // 4 + tl.arange(0, BH4)
+            w_ptrs = qw_ptr + rn[:, None] * (KB // 2) + offs_h[None, :]
+            w_mask = (offs_h < KB // 2)[None, :]
         else:  # 2 planes k = 2j, 2j + 1 from bytes
             offs_j = k0 // 2 + tl.arange(0, BH)
             w_ptrs = qw_ptr + rn[:, None] * KB + offs_j[None, :]
@@ -243,10 +222,10 @@ def _w4a16_tiled_planes_kernel(
             part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32) if GROUP != -1 else acc
         else:
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUP != -1 else acc
-        if WORDS:
-            w0, w1, w2, w3, w4, w5, w6, w7 = word_planes(b, z, dtype, ASM)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _split8(xt, BLOCK_M, BW)
-            part = _acc8(part, w0, w1, w2, w3, w4, w5, w6, w7, x0, x1, x2, x3, x4, x5, x6, x7, SWAP_AB, DOT_F32)
+        if HALVES:
+            w0, w1, w2, w3 = half_planes(b, z, dtype, ASM)
+            x0, x1, x2, x3 = _split4(xt, BLOCK_M, BH4)
+            part = _acc4(part, w0, w1, w2, w3, x0, x1, x2, x3, SWAP_AB, DOT_F32)
         else:
             lo, hi = nibble_planes(b, z, dtype, ASM)  # [BLOCK_N, BH] each: even / odd k
             x_even, x_odd = tl.split(tl.reshape(xt, (BLOCK_M, BH, 2)))  # [BLOCK_M, BH] each
@@ -282,18 +261,18 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
     block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
     split_k = cfg.get("SPLIT_K", 1)
     k_per_split, even_k = split_k_slices(k, block_k, split_k)
-    words = bool(cfg.get("WORDS", False))
-    if words and (block_k < 128 or k % 8):
-        raise ValueError(f"w4a16_tiled_planes: WORDS needs BLOCK_K >= 128 (16-deep MMAs per plane) and K % 8 == 0; got BLOCK_K={block_k}, K={k}")
+    halves = cfg.get("PLANES", 2) == 4
+    if halves and (block_k < 64 or k % 4):
+        raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _w4a16_tiled_planes_kernel[grid](
-        x, qweight.view(torch.int32) if words else qweight, scales, zeros if zeros is not None else qweight,
+        x, qweight.view(torch.int16) if halves else qweight, scales, zeros if zeros is not None else qweight,
         bias if bias is not None else scales, out, ws, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
-        SWAP_AB=bool(cfg.get("SWAP_AB", False)), WORDS=words, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALVES=halves, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     if split_k > 1:

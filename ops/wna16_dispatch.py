@@ -15,8 +15,7 @@ A config is a dict whose ``"kernel"`` names the family:
   candidate for every tiled config, not yet measured on a GPU, so the tiled kernel stays
   the heuristic;
 * ``"tiled_planes"`` (4-bit, any M): the weights as the MMA's A operand, dequantized by inline
-  PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair; 6.4-8.8 sm_90
-  SASS instructions per weight byte in the decode loop against 8.1-9.4 for tiled_words;
+  PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair;
   ops/w4a16_tiled_planes.py); not yet measured on a GPU;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
@@ -115,24 +114,24 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
 
 def _planes_configs(cands: list[dict], mb: int, k: int, gk: int, exhaustive: bool) -> list[dict]:
     """ops/w4a16_tiled_planes.py configs: each decode / mid-M tiled config with the weights as
-    the MMA's A operand, in its int32-word (8-plane, BLOCK_K >= 128) and byte (2-plane) forms;
+    the MMA's A operand, with 4 planes (int16 halves, BLOCK_K >= 64) and 2 planes (bytes);
     for M bucket >= 64 a few large weight-major tiles (wgmma's N side takes up to 256 tokens)."""
-    words_ok = k % 8 == 0
+    four_ok = k % 4 == 0
     out = []
     for c in cands:
         if c["kernel"] != "tiled" or c["BLOCK_M"] > 64:
             continue
-        if words_ok and c["BLOCK_K"] >= 128:
-            out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "WORDS": True})
-        out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "WORDS": False})
+        if four_ok and c["BLOCK_K"] >= 64:
+            out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "PLANES": 4})
+        out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "PLANES": 2})
         if exhaustive:
-            out.append({**c, "kernel": "tiled_planes", "SWAP_AB": False, "WORDS": False})
+            out.append({**c, "kernel": "tiled_planes", "SWAP_AB": False, "PLANES": 2})
     if mb >= 64:
         for bm, bn, bk, warps, stages in ((64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3)):
             bk = min(bk, gk)
             if bm <= 2 * mb:
                 out.append({"kernel": "tiled_planes", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
-                            "SWAP_AB": True, "WORDS": words_ok and bk >= 128, "num_warps": warps, "num_stages": stages})
+                            "SWAP_AB": True, "PLANES": 4 if four_ok and bk >= 64 else 2, "num_warps": warps, "num_stages": stages})
     return out
 
 

@@ -45,18 +45,18 @@ def test_interpreter(group_size, cfg, swap_ab):
 
 @pytest.mark.parametrize("group_size,split_k", [(-1, 1), (128, 2), (-1, 3)])
 @pytest.mark.parametrize("swap_ab", [False, True])
-def test_interpreter_word_planes(group_size, split_k, swap_ab):
+def test_interpreter_four_planes(group_size, split_k, swap_ab):
     dtype = torch.bfloat16 if swap_ab else torch.float16
     m = 3 if split_k == 3 else 17  # split 3 of K = 384: the last split ends in a masked tile
     x, qw, s, z, b = make_problem(m, 24, 384 if split_k == 3 else 256, 4, group_size, dtype, asym=split_k != 2, bias=swap_ab)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": split_k, "SWAP_AB": swap_ab, "WORDS": True}
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64 if split_k == 3 else 128, "SPLIT_K": split_k, "SWAP_AB": swap_ab, "PLANES": 4}
     assert_close_to_ref(w4a16_tiled_planes(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
 
-def test_word_planes_need_whole_mma_depth():
-    x, qw, s, z, b = make_problem(2, 16, 128, 4, 64, torch.bfloat16, asym=False, bias=False)
-    with pytest.raises(ValueError, match="BLOCK_K >= 128"):
-        w4a16_tiled_planes(x, qw, s, z, b, 64, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "WORDS": True})
+def test_four_planes_need_whole_mma_depth():
+    x, qw, s, z, b = make_problem(2, 16, 128, 4, 32, torch.bfloat16, asym=False, bias=False)
+    with pytest.raises(ValueError, match="BLOCK_K >= 64"):
+        w4a16_tiled_planes(x, qw, s, z, b, 32, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "PLANES": 4})
 
 
 @pytest.mark.parametrize("m,k", [(33, 104), (2, 98)])  # K not a whole number of BLOCK_K tiles
@@ -66,19 +66,19 @@ def test_interpreter_odd_k_and_m(m, k):
     assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
 
 
-@pytest.mark.parametrize("words", [False, True])
-def test_interpreter_extreme_codes(words):
+@pytest.mark.parametrize("planes", [2, 4])
+def test_interpreter_extreme_codes(planes):
     x, _, s, _, _ = make_problem(3, 16, 256, 4, 128, torch.bfloat16, asym=False, bias=False)
     qw, z = _codes_at_the_extremes(16, 256, 128)
-    out = w4a16_tiled_planes(x, qw, s, z, None, 128, {**CFGS[1], "BLOCK_K": 128, "SWAP_AB": True, "WORDS": words})
+    out = w4a16_tiled_planes(x, qw, s, z, None, 128, {**CFGS[1], "BLOCK_K": 128, "SWAP_AB": True, "PLANES": planes})
     assert_close_to_ref(out, x, qw, s, z, None, 4, 128)
 
 
-@pytest.mark.parametrize("words", [False, True])
-def test_tolerance_catches_swapped_planes(words):
+@pytest.mark.parametrize("planes", [2, 4])
+def test_tolerance_catches_swapped_planes(planes):
     x, qw, s, z, b = make_problem(2, 32, 128, 4, 128, torch.bfloat16, asym=True, bias=False)
     swapped = ((qw >> 4) | (qw << 4)).contiguous()  # even and odd k exchanged
-    cfg = {**CFGS[0], "BLOCK_K": 128, "WORDS": words}
+    cfg = {**CFGS[0], "BLOCK_K": 128, "PLANES": planes}
     with pytest.raises(AssertionError):
         assert_close_to_ref(w4a16_tiled_planes(x, swapped, s, z, b, 128, cfg), x, qw, s, z, b, 4, 128)
 
@@ -90,8 +90,8 @@ GPU_CFGS = [
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "SWAP_AB": False, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "SWAP_AB": True, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "SWAP_AB": True, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": True, "WORDS": True, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 256, "SPLIT_K": 1, "SWAP_AB": False, "WORDS": True, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": True, "PLANES": 4, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 256, "SPLIT_K": 1, "SWAP_AB": False, "PLANES": 4, "num_warps": 4, "num_stages": 3},
 ]
 
 
@@ -101,8 +101,8 @@ GPU_CFGS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("asym", [False, True])
 def test_gpu_configs(cfg, group_size, dtype, asym):
-    if GPU_CFGS[cfg].get("WORDS") and group_size in (32, 64):
-        pytest.skip("WORDS needs a group of at least 128 (BLOCK_K >= 128)")
+    if GPU_CFGS[cfg].get("PLANES") == 4 and group_size == 32:
+        pytest.skip("4 planes need a group of at least 64 (BLOCK_K >= 64)")
     for m, (n, k) in ((1, (4096, 4096)), (7, (4000, 4096)), (16, (1000, 2944)), (200, (6144, 4096))):
         x, qw, s, z, b = make_problem(m, n, k, 4, group_size, dtype, asym, bias=m % 2 == 1, device="cuda")
         assert_close_to_ref(w4a16_tiled_planes(x, qw, s, z, b, group_size, GPU_CFGS[cfg]), x, qw, s, z, b, 4, group_size)

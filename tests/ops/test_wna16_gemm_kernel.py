@@ -141,8 +141,8 @@ def test_candidate_families_by_m_bucket(m):
     assert "tiled_words" not in {c["kernel"] for c in candidate_configs(m, 4096, 4094, 4, -1)}  # K not whole words
     swapped = [c for c in cands if c.get("SWAP_AB") and c["kernel"] == "tiled_words"]
     assert len(swapped) == sum(c["kernel"] == "tiled" and c["BLOCK_M"] <= 64 for c in cands) > 0
-    planes = [c for c in cands if c["kernel"] == "tiled_planes"]  # 4-bit only; WORDS needs BLOCK_K >= 128
-    assert planes and all(c["SWAP_AB"] and (c["BLOCK_K"] >= 128 or not c["WORDS"]) for c in planes)
+    planes = [c for c in cands if c["kernel"] == "tiled_planes"]  # 4-bit only; 4 planes need BLOCK_K >= 64
+    assert planes and all(c["SWAP_AB"] and (c["BLOCK_K"] >= 64 or c["PLANES"] == 2) for c in planes)
     assert not any(c["kernel"] == "tiled_planes" for c in candidate_configs(m, 4096, 4096, 8, 128))
     assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
     assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
