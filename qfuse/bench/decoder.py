@@ -12,7 +12,7 @@ Per row, one run, medians in microseconds of the whole 4-layer step:
 * ``passes_us`` / ``no_passes_us``: CUDA-graph replay of the 4 compiled layers, with
   ``qfuse.compile`` (passes on) and plain ``torch.compile`` (passes off);
 * ``speedup``: no_passes_us / passes_us;
-* ``floor_us``: the quantized weights of 4 layers / measured copy bandwidth (decode's floor);
+* ``floor_us``: the quantized weights of 4 layers / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only) (decode's floor);
 * ``compile_s_*``: wall time of the first call (compile; every qfuse kernel was
   autotuned beforehand, so this is Dynamo + Inductor + Triton), each in a fresh
   Inductor cache so neither setting reuses the other's kernels;
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .timing import copy_bandwidth, plot_speedup, time_graph, write_csv
+from .timing import hbm_bandwidth, plot_speedup, time_graph, write_csv
 
 SHAPES = {"decode1": (1, 1), "decode16": (16, 1), "decode64": (64, 1), "prefill2048": (1, 2048)}  # (batch, tokens)
 
@@ -163,9 +163,9 @@ def llama3_8b_config(n_layers: int):
 
 def bench(schemes, shapes, n_layers, log, on_row, config=None, device="cuda") -> list[dict]:
     config = config or llama3_8b_config(n_layers)
-    bw = copy_bandwidth(device)
+    bw = hbm_bandwidth(device)
     warm_up(device)
-    log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    log(f"HBM bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
     for scheme in schemes:
         layers = build_layers(n_layers, scheme, config, device)

@@ -7,7 +7,7 @@ median us per call; see qfuse/bench/timing.py):
 * ``tinygemm``: ``torch._weight_int4pack_mm`` (bf16 only; its own packed layout, g = --group);
 * ``gemlite``: gemlite 0.6 ``A16Wn`` W4 (if importable; its shipped H100 configs are loaded,
   since it ships none for the H200, and ``set_autotune("default")`` covers the rest);
-* ``floor``: bytes the op must move / measured device copy bandwidth.
+* ``floor``: bytes the op must move / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only).
 
 Writes ``gemm.csv`` and ``gemm.png`` (speedup over bf16 vs M, one panel per shape and bits)
 under ``--out``. ``--tune`` first measures every candidate config (qfuse/bench/_wna16_tune.py)
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
     from ._wna16_tune import make_weights, op_bytes, tune
-    from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_graph, write_csv
+    from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_graph, write_csv
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,8 +98,8 @@ def main(argv=None) -> int:
     if args.tune:
         tune(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, out_dir / "wna16_gemm.tuned.json", log)
     gl_version = None if args.no_gemlite else _setup_gemlite(log)
-    bw = copy_bandwidth()
-    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} copy bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version}")
+    bw = hbm_bandwidth()
+    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version}")
 
     rows = []
     for n, k in shapes:

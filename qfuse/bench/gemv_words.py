@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
     from qfuse.ops.wna16_gemv_words import wna16_gemv_words
 
-    from .timing import copies_for, copy_bandwidth, time_graph, write_csv
+    from .timing import copies_for, hbm_bandwidth, time_graph, write_csv
 
     p = argparse.ArgumentParser(prog="qfuse bench gemv_words", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("bench_results"))
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     baseline = json.loads(args.baseline_json.read_text())
     torch.manual_seed(0)
-    bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    bw = hbm_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; HBM bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows = []
     for n, k in SHAPES:
         wb = [torch.randn(n, k, device="cuda").bfloat16() for _ in range(copies_for(n * k * 2))]

@@ -10,7 +10,7 @@ Per (N x K shape, M), medians in microseconds, all in one run:
 * ``gemlite_a8w8_us``, ``gemlite_a8w4_us``: gemlite's ``A8W8_int8_dynamic`` and
   ``A8W4_HQQ_INT_dynamic`` (per-channel; fp8 activations), if gemlite imports. Their
   figures include gemlite's own dynamic activation quantization; ours start from int8;
-* ``floor_w8a8_us``, ``floor_w4a8_us``: bytes moved / measured copy bandwidth;
+* ``floor_w8a8_us``, ``floor_w4a8_us``: bytes moved / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only);
 * ``w4a8_pc_<family>_us``, ``w4a8_g128_<family>_us``: the best config of each W4A8 kernel
   family (:func:`config_family`: tensor-core tiles with int8-op or PTX unpack, the
   int32-partial group scale, the dp4a GEMV, the int8-weight pass + W8A8), all in this run;
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_graph, write_csv
+from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_graph, write_csv
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
@@ -247,9 +247,9 @@ def main(argv=None) -> int:
     log = lambda s: print(s, flush=True)  # noqa: E731
     os.environ["QFUSE_AUTOTUNE"] = "0"  # configs are chosen here, by graph timing, not by pick_config
     warm_up_gpu()
-    bw = copy_bandwidth()
+    bw = hbm_bandwidth()
     gpu = torch.cuda.get_device_name()
-    log(f"{gpu}  torch {torch.__version__}  triton {triton.__version__}  copy bandwidth {bw / 1e12:.2f} TB/s")
+    log(f"{gpu}  torch {torch.__version__}  triton {triton.__version__}  HBM bandwidth {bw / 1e12:.2f} TB/s")
     budget = {"left": args.gemlite_budget_s}
     tuned: dict = {}
     rows = []
@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     plot_speedup(rows, args.out / "int8_gemm.png", x="M", series=series, panel="shape",
                  title=f"int8-activation GEMMs vs bf16 torch.matmul ({gpu})")
     table = markdown_table(rows)
-    head = f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; copy bandwidth {bw / 1e12:.2f} TB/s\n\n"
+    head = f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; HBM bandwidth {bw / 1e12:.2f} TB/s\n\n"
     (args.out / "int8_gemm.md").write_text(head + table + "\n")
     log(table)
     return 0

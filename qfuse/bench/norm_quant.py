@@ -10,7 +10,7 @@ Per (op, hidden size H, M tokens), bf16 by default, medians in microseconds, one
 * ``inductor_us``: ``torch.compile`` (default mode) of the plain-torch reference,
   i.e. the norm / activation + quantize as torch code, fused by Inductor itself
   (compiled once per (op, H); M = 1 static, then Inductor's automatic dynamic M);
-* ``floor_us``: bytes the fused op must move / measured copy bandwidth; ``fused_tb_s``:
+* ``floor_us``: bytes the fused op must move / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only); ``fused_tb_s``:
   those bytes / ``fused_us``;
 * ``fused_eager_us``, ``unfused_eager_us``: one eager call, Python launch overhead included.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .timing import copies_for, copy_bandwidth, plot_speedup, time_eager, time_graph, write_csv
+from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_graph, write_csv
 
 OPS = ("rms_norm_quant", "fused_add_rms_norm_quant", "silu_and_mul_quant")
 EPS = 1e-6
@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
-    bw = copy_bandwidth()
-    log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    bw = hbm_bandwidth()
+    log(f"HBM bandwidth {bw / 1e12:.2f} TB/s")
     rows = bench(args.ops, args.hidden, args.m, getattr(torch, args.dtype), bw, not args.no_inductor, log)
     write_csv(rows, out / "norm_quant.csv")
     plot_speedup(
