@@ -3,20 +3,18 @@
 A config is a dict whose ``"kernel"`` names the family:
 
 * ``"gemv_words"`` (4- and 8-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3
-  instructions per code (ops/wna16_gemv_words.py); the measured 4-bit M = 1 choice on the H200
-  (1.5-2.1x bf16); 8-bit (4.4 against the byte GEMV's 7.4 sm_90 SASS instructions per weight
-  byte) not yet timed on a GPU;
+  instructions per code (ops/wna16_gemv_words.py); the measured M = 1 choice on the H200
+  (W4A16 1.48-1.87x bf16, W8A16 1.31-1.52x);
 * ``"gemv"``  (M bucket <= 4): CUDA-core GEMV with split-K (ops/wna16_gemv.py);
 * ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
 * ``"tiled_words"`` (any M, K a whole number of int32 words): the same tiles reading the
-  weights as int32 words, codes dequantized in place (ops/wna16_tiled_words.py; 15-30 %
-  fewer sm_90 SASS instructions per weight byte in the loop; ``SWAP_AB`` (BLOCK_M <= 64):
-  the weights as the MMA's A operand, 9.4 against 13.3 for the M = 16 4-bit config); a
-  candidate for every tiled config, not yet measured on a GPU, so the tiled kernel stays
-  the heuristic;
+  weights as int32 words, codes dequantized in place (ops/wna16_tiled_words.py); ``SWAP_AB``
+  (BLOCK_M <= 64): the weights as the MMA's A operand; measured best at M = 64 on three of
+  the five shapes;
 * ``"tiled_planes"`` (4-bit, any M): the weights as the MMA's A operand, dequantized by inline
   PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair;
-  ops/w4a16_tiled_planes.py); not yet measured on a GPU;
+  ops/w4a16_tiled_planes.py); measured best at M = 2-32 on every shape timed (M = 16:
+  1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels);
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -31,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import experimental_kernels, m_bucket, pick_config
+from ._autotune import m_bucket, pick_config
 from .wna16_gemv_words import wna16_gemv_words, words_supported
 from .wna16_tiled_words import tiled_words_supported
 
@@ -175,8 +173,6 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     m, k = x.shape
     n = qweight.shape[0]
     cands = candidate_configs(m, n, k, bits, group_size, _sm_count(x.device))
-    if not experimental_kernels():  # families not yet through the GPU grid (ops/_autotune.py)
-        cands = [c for c in cands if c["kernel"] not in ("tiled_words", "tiled_planes")]
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

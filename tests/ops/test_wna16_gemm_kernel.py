@@ -301,3 +301,18 @@ def test_gpu_cuda_graph_capture(m):
     graph.replay()
     assert_close_to_ref(out, x, qw, s, z, b, 4, 128)
     assert not torch.equal(out, eager)
+
+
+def test_shipped_configs_are_candidates():
+    """Every shipped H200 config is in the (exhaustive) candidate space of its key."""
+    import json
+    from pathlib import Path
+
+    import qfuse.ops
+
+    table = json.loads((Path(qfuse.ops.__file__).with_name("tuned") / "wna16_gemm.NVIDIA_H200.json").read_text())
+    assert table
+    for key, cfg in table.items():
+        op, gpu, mb, n, k, group, dtype, bits = key.split("|")
+        assert op == "wna16_gemm" and gpu == "NVIDIA_H200" and dtype in ("bfloat16", "float16")
+        assert cfg in candidate_configs(int(mb), int(n), int(k), int(bits), int(group), exhaustive=True), key
