@@ -267,6 +267,8 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
     halves = cfg.get("PLANES", 2) == 4
     if halves and (block_k < 64 or k % 4):
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
+    if halves and qweight.storage_offset() % 2:  # an int16 view needs a 2-byte aligned storage offset
+        qweight = qweight.clone()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)

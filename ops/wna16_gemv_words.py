@@ -149,6 +149,8 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     if bits not in (4, 8) or k % cpw:
         raise ValueError(f"wna16_gemv_words: {bits}-bit K={k} is not a whole number of int32 words")
     x = x.contiguous()
+    if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
+        qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
     block_w = cfg["BLOCK_W"] if group_size <= 0 else min(cfg["BLOCK_W"], group_size // cpw)
     while kw % block_w:  # per-channel K that is a multiple of the minimum tile but not of BLOCK_W (e.g. 576)

@@ -189,6 +189,8 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
     split_k = cfg.get("SPLIT_K", 1)
     k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
+        qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K * bits / 32]: the byte layout read 4 bytes at a time
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out

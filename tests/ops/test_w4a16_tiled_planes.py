@@ -116,3 +116,15 @@ def test_gpu_extreme_codes(dtype, cfg):
     qw, z = _codes_at_the_extremes(256, 512, 128)
     out = w4a16_tiled_planes(x, qw.cuda(), s, z.cuda(), None, 128, GPU_CFGS[cfg])
     assert_close_to_ref(out, x, qw.cuda(), s, z.cuda(), None, 4, 128)
+
+
+@pytest.mark.parametrize("planes", [2, 4])
+def test_unaligned_weight_storage(planes):
+    """A weight view starting at an odd byte (a slice of a larger buffer) still runs."""
+    x, qw, s, z, b = make_problem(3, 16, 128, 4, -1, torch.bfloat16, asym=True, bias=False)
+    buf = torch.empty(qw.numel() + 1, dtype=torch.uint8)
+    shifted = buf[1:].view(qw.shape)
+    shifted.copy_(qw)
+    assert shifted.storage_offset() % 2 == 1
+    out = w4a16_tiled_planes(x, shifted, s, z, b, -1, {**CFGS[0], "BLOCK_K": 128, "PLANES": planes})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, -1)

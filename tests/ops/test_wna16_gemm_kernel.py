@@ -217,6 +217,14 @@ def test_tiled_words_kernel_rejects_partial_words():
         wna16_tiled_words(x, qw, s, z, b, 4, -1, TILED_CFGS[0])
 
 
+def test_tiled_words_unaligned_weight_storage():
+    """A weight view that does not start on a 4-byte boundary (a slice of a larger buffer) still runs."""
+    x, qw, s, z, b = make_problem(2, 16, 64, 4, -1, torch.bfloat16, asym=True, bias=False)
+    shifted = torch.empty(qw.numel() + 1, dtype=torch.uint8)[1:].view(qw.shape)
+    shifted.copy_(qw)
+    assert_close_to_ref(wna16_tiled_words(x, shifted, s, z, b, 4, -1, TILED_CFGS[0]), x, qw, s, z, b, 4, -1)
+
+
 def test_tiled_words_tolerance_catches_a_nibble_swap():
     x, qw, s, z, b = make_problem(2, 32, 64, 4, 32, torch.bfloat16, asym=True, bias=False)
     swapped = ((qw >> 4) | (qw << 4)).contiguous()

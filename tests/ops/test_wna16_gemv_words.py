@@ -142,3 +142,13 @@ def test_gpu_every_gemv_words_candidate_8bit(n, k, group_size, asym):
     assert cands
     for cfg in cands:
         assert_close_to_ref(run_config(cfg, x, qw, s, z, b, 8, group_size), x, qw, s, z, b, 8, group_size)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gemv_words_unaligned_weight_storage(bits):
+    """A weight view that does not start on a 4-byte boundary (a slice of a larger buffer) still runs."""
+    x, qw, s, z, b = make_problem(1, 16, 128, bits, -1, torch.bfloat16, asym=False, bias=True)
+    shifted = torch.empty(qw.numel() + 2, dtype=torch.uint8)[2:].view(qw.shape)
+    shifted.copy_(qw)
+    out = wna16_gemv_words(x, shifted, s, z, b, bits, -1, {"BLOCK_N": 16, "BLOCK_W": 4, "SPLIT_K": 1})
+    assert_close_to_ref(out, x, qw, s, z, b, bits, -1)
