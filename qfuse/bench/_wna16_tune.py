@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
 
 from qfuse.ops._autotune import _key_str, _memory, device_name
 from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, run_config
+from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
 from .timing import copies_for, time_graph
 
@@ -65,7 +68,7 @@ def _compile_worker(args) -> int:
     return done
 
 
-def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int) -> None:
+def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int, log=print, worker=_compile_worker) -> None:
     """Compile every candidate once, in ``workers`` processes sharing Triton's disk cache.
 
     Jobs with the same compiled signature (config, bits, M == 1, M % 16 == 0) go to one
@@ -75,16 +78,21 @@ def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int) -> 
         n, k, bits, m, cfg = job
         sig = (bits, m == 1, m % 16 == 0, n % 16 == 0, tuple(sorted(cfg.items())))
         buckets[hash(sig) % workers].append(job)
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(workers) as pool:
-        pool.map(_compile_worker, [(b, group_size, str(dtype).removeprefix("torch."), asym) for b in buckets if b])
+    args = [(b, group_size, str(dtype).removeprefix("torch."), asym) for b in buckets if b]
+    try:
+        # a worker killed by a compiler abort (an LLVM assertion ends the process) makes
+        # multiprocessing.Pool wait forever; the executor raises BrokenProcessPool instead
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(worker, args))
+    except BrokenProcessPool as e:
+        log(f"precompile: a compile worker died ({e}); the rest compile while timing, where the same config would stop the run")
 
 
 def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8, cache_file: Path | None = None, log=print, device: str = "cuda") -> dict:
     """Time every candidate per (shape, M bucket, bits); keep the fastest in the in-process
     cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}."""
     if workers > 1:
-        precompile(shapes, ms, bits_list, group_size, dtype, asym, workers)
+        precompile(shapes, ms, bits_list, group_size, dtype, asym, workers, log=log)
     dev = torch.device(device)
     best_all: dict[str, dict] = {}
     for n, k in shapes:
@@ -96,11 +104,16 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                 if key in best_all:
                     continue
                 x = torch.randn(m, k, device=dev).to(dtype)
+                ref = wna16_gemm_ref(x, *copies[0], None, bits, group_size).float()
+                tol = 2 * torch.finfo(dtype).eps * ref.abs().max().item()  # the kernel tests' tolerance
                 timings = []
                 for cfg in candidate_configs(m, n, k, bits, group_size, exhaustive=True):
                     calls = [lambda c=c, cfg=cfg: run_config(cfg, x, *c, None, bits, group_size) for c in copies]
                     try:
-                        calls[0]()
+                        err = (calls[0]().float() - ref).abs().max().item()
+                        if not err <= tol:  # a config is a candidate only if it is right
+                            log(f"  MISMATCH {cfg}: max error {err:.3g} > {tol:.3g}, skipped")
+                            continue
                         timings.append((time_graph(calls, replays=5), cfg))
                     except Exception as e:  # shared memory overflow etc.
                         log(f"  skip {cfg}: {type(e).__name__}")
