@@ -1,7 +1,9 @@
 """ops/w4a16_tiled_planes.py against the reference kernel of ``qfuse::wna16_gemm``.
 
 CPU (CI): the launcher under the Triton interpreter, where the nibble planes come from
-integer ops (the interpreter cannot run inline PTX). GPU (``pytest -m gpu``): the PTX
+integer ops (the interpreter cannot run inline PTX), and the kernel compiled for sm_90 with
+the PTX (tests/ops/_compile_sm90.py, a subprocess: a bad asm operand list aborts the
+compiling process; on the H200 it once did, under triton 3.6). GPU (``pytest -m gpu``): the PTX
 planes, every config shape the dispatcher offers, extreme codes, both dtypes. Tolerance:
 tests/ops/test_wna16_gemm_kernel.py's (the kernel skips the weight's rounding to the
 activation dtype and sums in another order).
@@ -128,3 +130,21 @@ def test_unaligned_weight_storage(planes):
     assert shifted.storage_offset() % 2 == 1
     out = w4a16_tiled_planes(x, shifted, s, z, b, -1, {**CFGS[0], "BLOCK_K": 128, "PLANES": planes})
     assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
+
+
+def test_ptx_compiles_for_sm90():
+    """The inline PTX assembles for Hopper with the installed Triton (no GPU needed): dtype x
+    planes x SWAP_AB x zero points x argument specialization, in a covering set of 8."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cases = ["bf16,4,1,1,1", "bf16,4,0,0,0", "fp16,4,1,0,1", "fp16,4,0,1,0",
+             "bf16,2,1,0,0", "bf16,2,0,1,1", "fp16,2,1,1,1", "fp16,2,0,0,0"]
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(root / "tests/ops/_compile_sm90.py"), *cases], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("compiled") == len(cases)

@@ -1,0 +1,39 @@
+"""Compile ops/w4a16_tiled_planes.py's kernel for sm_90 without a GPU (run as a subprocess by
+tests/ops/test_w4a16_tiled_planes.py). Its inline PTX cannot run under the Triton interpreter,
+and a malformed asm operand list ends the compiling process with an LLVM abort, so this is
+the CPU-side check that the PTX assembles for Hopper with the installed Triton."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E402
+
+
+def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool) -> None:
+    sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i16" if planes == 4 else "*u8", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
+           "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+           "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
+    consts = dict(GROUP=128, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, EVEN_K=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                  GROUP_M=8, SWAP_AB=swap, HALVES=planes == 4, ASM=True, DOT_F32=False)
+    # pointers (and, with ``aligned``, the integer arguments) 16-divisible, as Triton specializes real launches:
+    # the layout it then picks changes how the asm's operands are packed
+    divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or (aligned and name != "M")]
+    src = ASTSource(fn=_w4a16_tiled_planes_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+    assert kernel.asm["cubin"]
+
+
+if __name__ == "__main__":
+    for case in sys.argv[1:]:
+        dtype, planes, swap, zeros, aligned = case.split(",")
+        compile_planes(dtype, int(planes), swap == "1", zeros == "1", aligned == "1")
+        print("compiled", case, flush=True)
