@@ -104,9 +104,17 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
-    if mb <= 4:  # heuristic first: at M = 1 a GEMV (the word GEMV where offered); at M = 2..4 the tiled split-K one
-        first = ("gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv") if mb == 1 else "tiled"
-        cands.sort(key=lambda c: c["kernel"] != first)
+    # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
+    # the family measured fastest on the H200 for this M: at M = 1 a GEMV (the word GEMV where
+    # offered); 4-bit at M = 2..32 tiled_planes (fastest at every such point timed, runs E / F);
+    # otherwise the tiled kernel, which the candidate list already starts with
+    if mb == 1:
+        first = "gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv"
+    elif mb <= 32 and any(c["kernel"] == "tiled_planes" for c in cands):
+        first = "tiled_planes"
+    else:
+        first = "tiled"
+    cands.sort(key=lambda c: c["kernel"] != first)  # stable: the family's own order is kept
     return cands
 
 
