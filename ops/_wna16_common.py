@@ -79,6 +79,31 @@ def zero_plus_magic(z_ptr, offs, HAS_ZEROS: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G,
+               GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The tiled kernels' epilogue for a float32 ``acc [BLOCK_M, BLOCK_N]``: the per-channel
+    scale (``GROUP == -1``), then either bias and the store in the output dtype, or with split-K
+    the float32 partial into ``ws[pid_k]`` (bias is added by :func:`splitk_reduce`)."""
+    if GROUP == -1:
+        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+def output_buffers(x: Tensor, n: int, split_k: int) -> tuple[Tensor, Tensor]:
+    """``out [M, N]`` in x's dtype and the float32 split-K workspace ``[SPLIT_K, M, N]``
+    (``out`` itself stands in when SPLIT_K == 1: the kernels never touch it then)."""
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split_k, x.shape[0], n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    return out, ws
+
+
+@triton.jit
 def _splitk_reduce_kernel(ws_ptr, bias_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     """out[i] = dtype(sum_s ws[s, i] + bias[i % N]) over the flattened [M, N] output."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

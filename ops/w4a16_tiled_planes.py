@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import grouped_tile, mma, splitk_reduce
+from ._wna16_common import grouped_tile, mma, output_buffers, splitk_reduce, store_tile
 from .wna16_tiled import split_k_slices
 
 # lop3 immLut 0xEA = (a & b) | c. bf16: sub.bf16x2 needs sm_90, fma.rn.bf16x2 runs from sm_80.
@@ -243,15 +243,7 @@ def _w4a16_tiled_planes_kernel(
 
     if SWAP_AB:
         acc = tl.trans(acc)
-    if GROUP == -1:
-        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
-    else:
-        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
@@ -269,8 +261,7 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
     if halves and qweight.storage_offset() % 2:  # an int16 view needs a 2-byte aligned storage offset
         qweight = qweight.clone()
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _w4a16_tiled_planes_kernel[grid](
         x, qweight.view(torch.int16) if halves else qweight, scales, zeros if zeros is not None else qweight,

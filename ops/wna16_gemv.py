@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, load_codes, splitk_reduce, zero_plus_magic
+from ._wna16_common import codes_minus_zero, load_codes, output_buffers, splitk_reduce, zero_plus_magic
 from .wna16_tiled import split_k_slices
 
 
@@ -80,8 +80,7 @@ def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
     block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
     split_k = cfg.get("SPLIT_K", 1)
     k_per_split, even_k = split_k_slices(k, block_k, split_k)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    out, ws = output_buffers(x, n, split_k)
     grid = (m * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _wna16_gemv_kernel[grid](
         x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import splitk_reduce
+from ._wna16_common import output_buffers, splitk_reduce
 
 
 # KW / W_PER_SPLIT unspecialized: when Triton may assume 16-divisible row lengths it gives
@@ -160,8 +160,7 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         split_k //= 2
     w_per_split = kw // split_k
     vec = 4 if bits == 8 and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
     _wna16_gemv_words_kernel[grid](
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, grouped_tile, load_codes, mma, splitk_reduce, zero_plus_magic
+from ._wna16_common import codes_minus_zero, grouped_tile, load_codes, mma, output_buffers, splitk_reduce, store_tile, zero_plus_magic
 
 
 @triton.jit
@@ -80,15 +80,7 @@ def _wna16_tiled_kernel(
         else:
             acc = mma(xt, wt, acc, DOT_F32)
 
-    if GROUP == -1:
-        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
-    else:
-        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def split_k_slices(k: int, block_k: int, split_k: int) -> tuple[int, bool]:
@@ -107,8 +99,7 @@ def wna16_tiled(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None
     block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
     split_k = cfg.get("SPLIT_K", 1)
     k_per_split, even_k = split_k_slices(k, block_k, split_k)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _wna16_tiled_kernel[grid](
         x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import grouped_tile, mma, splitk_reduce
+from ._wna16_common import grouped_tile, mma, output_buffers, splitk_reduce, store_tile
 from .wna16_tiled import split_k_slices
 
 
@@ -162,15 +162,7 @@ def _wna16_tiled_words_kernel(
 
     if SWAP_AB:
         acc = tl.trans(acc)
-    if GROUP == -1:
-        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(dtype), mask=mask)
-    else:
-        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def tiled_words_supported(k: int, bits: int) -> bool:
@@ -192,8 +184,7 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K * bits / 32]: the byte layout read 4 bytes at a time
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _wna16_tiled_words_kernel[grid](
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
