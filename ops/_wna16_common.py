@@ -31,6 +31,17 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
+def tile_coords(M, N, K_PER_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The tiled kernels' program coordinates: ``(pid_k, offs_m, offs_n, rm, rn, k_start)``;
+    ``rm`` / ``rn`` wrap rows and columns past M / N onto valid memory (the store is masked)."""
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_k, offs_m, offs_n, offs_m % M, offs_n % N, pid_k * K_PER_SPLIT
+
+
+@triton.jit
 def codes_minus_zero(u, zc):
     """``float32(u - z)`` for int32 codes ``u`` in [0, 255]; ``zc`` = 2**23 + z (float32)."""
     return (u | 0x4B000000).to(tl.float32, bitcast=True) - zc

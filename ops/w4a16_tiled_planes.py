@@ -44,8 +44,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import grouped_tile, mma, output_buffers, splitk_reduce, store_tile
-from .wna16_tiled import split_k_slices
+from ._wna16_common import mma, output_buffers, splitk_reduce, store_tile, tile_coords
+from .wna16_tiled import k_plan
 
 # lop3 immLut 0xEA = (a & b) | c. bf16: sub.bf16x2 needs sm_90, fma.rn.bf16x2 runs from sm_80.
 _PLANES_BF16 = tl.constexpr("""{
@@ -178,15 +178,8 @@ def _w4a16_tiled_planes_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr, HALVES: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = offs_m % M  # wrapped rows/cols load valid memory; the store is masked
-    rn = offs_n % N
+    pid_k, offs_m, offs_n, rm, rn, k_start = tile_coords(M, N, K_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
-    k_start = pid_k * K_PER_SPLIT
     BH: tl.constexpr = BLOCK_K // 2
     BH4: tl.constexpr = BLOCK_K // 4
 
@@ -253,9 +246,7 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
     n = qweight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
-    split_k = cfg.get("SPLIT_K", 1)
-    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     halves = cfg.get("PLANES", 2) == 4
     if halves and (block_k < 64 or k % 4):
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")

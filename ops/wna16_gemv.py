@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._wna16_common import codes_minus_zero, load_codes, output_buffers, splitk_reduce, zero_plus_magic
-from .wna16_tiled import split_k_slices
+from .wna16_tiled import k_plan
 
 
 @triton.jit
@@ -77,9 +77,7 @@ def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
     n = qweight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
-    split_k = cfg.get("SPLIT_K", 1)
-    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     out, ws = output_buffers(x, n, split_k)
     grid = (m * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _wna16_gemv_kernel[grid](

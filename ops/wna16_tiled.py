@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, grouped_tile, load_codes, mma, output_buffers, splitk_reduce, store_tile, zero_plus_magic
+from ._wna16_common import codes_minus_zero, load_codes, mma, output_buffers, splitk_reduce, store_tile, tile_coords, zero_plus_magic
 
 
 @triton.jit
@@ -44,16 +44,8 @@ def _wna16_tiled_kernel(
     DOT_F32: tl.constexpr,
 ):  # fmt: skip
     # grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = offs_m % M  # wrapped rows/cols load valid memory; the store is masked
-    rn = offs_n % N
+    pid_k, offs_m, offs_n, rm, rn, k_start = tile_coords(M, N, K_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
-    k_start = pid_k * K_PER_SPLIT
 
     if GROUP == -1:  # per-channel: zero point and scale are per row, outside the loop
         zc = zero_plus_magic(z_ptr, rn * G, HAS_ZEROS, BITS)
@@ -83,6 +75,14 @@ def _wna16_tiled_kernel(
     store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
+def k_plan(k: int, cfg: dict, group_size: int) -> tuple[int, int, int, bool]:
+    """``(BLOCK_K, SPLIT_K, K per split, EVEN_K)`` of a config: BLOCK_K capped at the group so a
+    tile never spans two groups, then :func:`split_k_slices`."""
+    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
+    split_k = cfg.get("SPLIT_K", 1)
+    return (block_k, split_k, *split_k_slices(k, block_k, split_k))
+
+
 def split_k_slices(k: int, block_k: int, split_k: int) -> tuple[int, bool]:
     """(K per split, rounded to BLOCK_K; whether every split is whole tiles with no K mask)."""
     if k % (block_k * split_k) == 0:
@@ -96,9 +96,7 @@ def wna16_tiled(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None
     n = qweight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
-    split_k = cfg.get("SPLIT_K", 1)
-    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     _wna16_tiled_kernel[grid](

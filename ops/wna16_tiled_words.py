@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import grouped_tile, mma, output_buffers, splitk_reduce, store_tile
-from .wna16_tiled import split_k_slices
+from ._wna16_common import mma, output_buffers, splitk_reduce, store_tile, tile_coords
+from .wna16_tiled import k_plan
 
 
 @triton.jit
@@ -103,16 +103,8 @@ def _wna16_tiled_words_kernel(
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS
     BLOCK_W: tl.constexpr = BLOCK_K // CPW
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = offs_m % M  # wrapped rows/cols load valid memory; the store is masked
-    rn = offs_n % N
+    pid_k, offs_m, offs_n, rm, rn, k_start = tile_coords(M, N, K_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
-    k_start = pid_k * K_PER_SPLIT
 
     if HAS_ZEROS:
         z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
@@ -178,9 +170,7 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
         raise ValueError(f"wna16_tiled_words: K={k} is not a whole number of int32 words of {bits}-bit codes")
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_k = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
-    split_k = cfg.get("SPLIT_K", 1)
-    k_per_split, even_k = split_k_slices(k, block_k, split_k)
+    block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K * bits / 32]: the byte layout read 4 bytes at a time
