@@ -1,5 +1,5 @@
 """Triton pieces shared by the ``wna16_gemm`` kernels: code -> float conversion, the
-split-K reduction, and a standalone dequantize kernel (for the dequant + cuBLAS path).
+single-launch split-K reduction, and a standalone dequantize kernel (for the dequant + cuBLAS path).
 
 Codes become floats with the exponent trick instead of an int -> float convert:
 ``bitcast_f32(u | 0x4B000000) == 2**23 + u`` exactly for ``0 <= u < 2**23``, so
@@ -90,50 +90,78 @@ def zero_plus_magic(z_ptr, offs, HAS_ZEROS: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G,
+def store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G,
                GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
     """The tiled kernels' epilogue for a float32 ``acc [BLOCK_M, BLOCK_N]``: the per-channel
     scale (``GROUP == -1``), then either bias and the store in the output dtype, or with split-K
-    the float32 partial into ``ws[pid_k]`` (bias is added by :func:`splitk_reduce`)."""
+    :func:`finish_split` (the tile's counter is its linear program id, ``program_id(0)``)."""
     if GROUP == -1:
         acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    idx = offs_m[:, None] * N + offs_n[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(ws_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
-
-
-def output_buffers(x: Tensor, n: int, split_k: int) -> tuple[Tensor, Tensor]:
-    """``out [M, N]`` in x's dtype and the float32 split-K workspace ``[SPLIT_K, M, N]``
-    (``out`` itself stands in when SPLIT_K == 1: the kernels never touch it then)."""
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split_k, x.shape[0], n), dtype=torch.float32, device=x.device) if split_k > 1 else out
-    return out, ws
+        finish_split(acc, idx, mask, (bias_ptr + rn)[None, :], ws_ptr, count_ptr, out_ptr, tl.program_id(0), pid_k, M * N, SPLIT_K, HAS_BIAS)
 
 
 @triton.jit
-def _splitk_reduce_kernel(ws_ptr, bias_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """out[i] = dtype(sum_s ws[s, i] + bias[i % N]) over the flattened [M, N] output."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+def finish_split(part, idx, mask, bias_ptrs, ws_ptr, count_ptr, out_ptr, tile, pid_k, MN, SPLIT_K, HAS_BIAS: tl.constexpr):
+    """Single-launch deterministic split-K: store this split's float32 ``part`` (output
+    elements ``idx``) in ``ws[pid_k]``; the split that arrives last at the tile's counter sums
+    ``ws[0], ws[1], ..., ws[SPLIT_K - 1]`` in that order (+ bias), stores the output and resets
+    the counter to 0 for the next launch. The sum order is fixed, so the result does not depend
+    on which split finishes last. Replaces a second reduction launch (a few us per call at decode
+    M, where the whole GEMM takes 9-40 us on the H200)."""
+    tl.store(ws_ptr + pid_k * MN + idx, part, mask=mask)
+    tl.debug_barrier()  # every thread's partial is stored before the counter moves
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+    if arrived == SPLIT_K - 1:
+        acc = tl.load(ws_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")  # L2, not a stale L1 line
+        for s in range(1, SPLIT_K):
+            acc += tl.load(ws_ptr + s * MN + idx, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            acc += tl.load(bias_ptrs).to(tl.float32)
+        tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(count_ptr + tile, 0)
 
 
-def splitk_reduce(ws: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
-    """Sum the fp32 partials ``ws [SPLIT_K, M, N]`` (+ bias) into ``out [M, N]``."""
-    split_k, m, n = ws.shape
-    block = 1024
-    grid = (triton.cdiv(m * n, block),)
-    _splitk_reduce_kernel[grid](ws, bias if bias is not None else ws, out, m * n, n, SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
-    return out
+# Arrival counters stay zero between launches (the last split of a tile resets its counter), so
+# they live in one persistent zeroed buffer instead of a memset per call. One buffer per (device,
+# stream) for eager calls, and one per device shared by every CUDA-graph capture: launches on one
+# stream are ordered, so they never overlap. Made only outside capture (a buffer allocated while
+# capturing would hold garbage until the first replay); a call that finds none, or needs more
+# than _COUNTER_SLOTS tiles, gets a fresh torch.zeros (a memset, recorded into the graph).
+_COUNTER_SLOTS = 1 << 16
+_counters: dict[tuple, Tensor] = {}
+
+
+def split_counters(device: torch.device, tiles: int) -> Tensor:
+    """Zeroed int32 arrival counters for ``tiles`` output tiles (see :func:`finish_split`)."""
+    if device.type != "cuda" or tiles > _COUNTER_SLOTS:
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        buf = _counters.get((index, "graph"))
+        return buf if buf is not None else torch.zeros(tiles, dtype=torch.int32, device=device)
+    key = (index, torch.cuda.current_stream(index).stream_id)
+    if key not in _counters:
+        for k in (key, (index, "graph")):
+            if k not in _counters:
+                _counters[k] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _counters[key]
+
+
+def output_buffers(x: Tensor, n: int, split_k: int, tiles: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``out [M, N]`` in x's dtype, the float32 split-K workspace ``[SPLIT_K, M, N]`` and the
+    ``tiles`` arrival counters (``out`` stands in for both when SPLIT_K == 1: never touched)."""
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    if split_k == 1:
+        return out, out, out
+    ws = torch.empty((split_k, x.shape[0], n), dtype=torch.float32, device=x.device)
+    return out, ws, split_counters(x.device, tiles)
 
 
 @triton.jit

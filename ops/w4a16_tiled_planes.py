@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import mma, output_buffers, splitk_reduce, store_tile, tile_coords
+from ._wna16_common import mma, output_buffers, store_tile, tile_coords
 from .wna16_tiled import k_plan
 
 # lop3 immLut 0xEA = (a & b) | c. bf16: sub.bf16x2 needs sm_90, fma.rn.bf16x2 runs from sm_80.
@@ -171,7 +171,7 @@ def _acc4(acc, w0, w1, w2, w3, x0, x1, x2, x3, SWAP_AB: tl.constexpr, DOT_F32: t
 
 @triton.jit
 def _w4a16_tiled_planes_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, KB, G, stride_xm, K_PER_SPLIT,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -236,7 +236,7 @@ def _w4a16_tiled_planes_kernel(
 
     if SWAP_AB:
         acc = tl.trans(acc)
-    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
@@ -252,16 +252,14 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
     if halves and qweight.storage_offset() % 2:  # an int16 view needs a 2-byte aligned storage offset
         qweight = qweight.clone()
-    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _w4a16_tiled_planes_kernel[grid](
         x, qweight.view(torch.int16) if halves else qweight, scales, zeros if zeros is not None else qweight,
-        bias if bias is not None else scales, out, ws, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
+        bias if bias is not None else scales, out, ws, counts, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
         SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALVES=halves, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
-    if split_k > 1:
-        splitk_reduce(ws, bias, out)
     return out

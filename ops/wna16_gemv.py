@@ -20,13 +20,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, load_codes, output_buffers, splitk_reduce, zero_plus_magic
+from ._wna16_common import codes_minus_zero, finish_split, load_codes, output_buffers, zero_plus_magic
 from .wna16_tiled import k_plan
 
 
 @triton.jit
 def _wna16_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, KB, G, stride_xm, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -68,7 +68,7 @@ def _wna16_gemv_kernel(
             res += tl.load(bias_ptr + rn).to(tl.float32)
         tl.store(out_ptr + m * N + offs_n, res.to(x_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(ws_ptr + pid_k * M * N + m * N + offs_n, res, mask=mask)
+        finish_split(res, m * N + offs_n, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, pid, pid_k, M * N, SPLIT_K, HAS_BIAS)
 
 
 def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
@@ -78,15 +78,13 @@ def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
     if x.stride(1) != 1:
         x = x.contiguous()
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
-    out, ws = output_buffers(x, n, split_k)
     grid = (m * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_gemv_kernel[grid](
-        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         SPLIT_K=split_k, EVEN_K=even_k, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
-    if split_k > 1:
-        splitk_reduce(ws, bias, out)
     return out

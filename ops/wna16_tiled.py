@@ -20,8 +20,9 @@ Variants chosen by config (the math stays the one of ``wna16_gemm``):
   product is scaled, ``acc += (x @ (u - z).T) * s``: ``BLOCK_M * BLOCK_N`` multiplies per
   tile instead of ``BLOCK_K * BLOCK_N``, cheaper when BLOCK_M < BLOCK_K (decode). Both skip
   the weight's rounding to the activation dtype: tolerance in the tests;
-* ``SPLIT_K > 1``: each slice writes float32 partials to ``ws [SPLIT_K, M, N]`` and
-  :func:`splitk_reduce` adds them (and the bias) in a fixed order: deterministic.
+* ``SPLIT_K > 1``: each slice writes float32 partials to ``ws [SPLIT_K, M, N]`` and the
+  last slice to finish a tile adds them (and the bias) in a fixed order, in the same launch
+  (:func:`finish_split`): deterministic.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, load_codes, mma, output_buffers, splitk_reduce, store_tile, tile_coords, zero_plus_magic
+from ._wna16_common import codes_minus_zero, load_codes, mma, output_buffers, store_tile, tile_coords, zero_plus_magic
 
 
 @triton.jit
 def _wna16_tiled_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, KB, G, stride_xm, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
@@ -72,7 +73,7 @@ def _wna16_tiled_kernel(
         else:
             acc = mma(xt, wt, acc, DOT_F32)
 
-    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def k_plan(k: int, cfg: dict, group_size: int) -> tuple[int, int, int, bool]:
@@ -97,16 +98,14 @@ def wna16_tiled(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None
     if x.stride(1) != 1:
         x = x.contiguous()
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
-    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_tiled_kernel[grid](
-        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
-    if split_k > 1:
-        splitk_reduce(ws, bias, out)
     return out

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import mma, output_buffers, splitk_reduce, store_tile, tile_coords
+from ._wna16_common import mma, output_buffers, store_tile, tile_coords
 from .wna16_tiled import k_plan
 
 
@@ -94,7 +94,7 @@ def _dequant_words(words, MASK, MAGIC_BITS, z, BITS: tl.constexpr):
 
 @triton.jit
 def _wna16_tiled_words_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, KW, G, stride_xm, K_PER_SPLIT, MASK, MAGIC_BITS,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
@@ -154,7 +154,7 @@ def _wna16_tiled_words_kernel(
 
     if SWAP_AB:
         acc = tl.trans(acc)
-    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+    store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def tiled_words_supported(k: int, bits: int) -> bool:
@@ -174,16 +174,14 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K * bits / 32]: the byte layout read 4 bytes at a time
-    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_tiled_words_kernel[grid](
-        x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, words.shape[1], scales.shape[1], x.stride(0), k_per_split, (1 << bits) - 1, 0x4B000000,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
         SWAP_AB=bool(cfg.get("SWAP_AB", False)), num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
-    if split_k > 1:
-        splitk_reduce(ws, bias, out)
     return out

@@ -19,7 +19,7 @@ from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E40
 
 def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool) -> None:
     sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i16" if planes == 4 else "*u8", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
-           "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+           "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
     consts = dict(GROUP=128, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, EVEN_K=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                   GROUP_M=8, SWAP_AB=swap, HALVES=planes == 4, ASM=True, DOT_F32=False)

@@ -20,7 +20,10 @@ import os
 import pytest
 import torch
 
-from qfuse.ops._wna16_common import dequantize_triton, splitk_reduce
+import triton
+import triton.language as tl
+
+from qfuse.ops._wna16_common import dequantize_triton, finish_split, split_counters
 from qfuse.ops.wna16_dispatch import candidate_configs, run_config
 from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
 from qfuse.ops.wna16_gemv import wna16_gemv
@@ -114,11 +117,43 @@ def test_dequant_kernel_bit_exact(bits, group_size, asym, dtype):
     _check_dequant(bits, group_size, asym, dtype, "cpu")
 
 
-def test_splitk_reduce_is_ordered_sum_plus_bias():
-    ws = torch.randn(3, 5, 70)
-    bias = torch.randn(70).to(torch.float16)  # fp16: the interpreter's bf16 rounding is not RTNE
-    out = splitk_reduce(ws, bias, torch.empty(5, 70, dtype=torch.float16))
-    assert torch.equal(out, (((ws[0] + ws[1]) + ws[2]) + bias.float()).to(torch.float16))
+@triton.jit
+def _finish_split_probe(part_ptr, bias_ptr, ws_ptr, count_ptr, out_ptr, MN, SPLIT_K, BLOCK: tl.constexpr):
+    """Tile ``program_id(0)`` of a flat output, split ``program_id(1)``: hands its slice of
+    ``part[pid_k]`` to finish_split, as the kernels do with their partial sums."""
+    tile, pid_k = tl.program_id(0), tl.program_id(1)
+    idx = tile * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < MN
+    part = tl.load(part_ptr + pid_k * MN + idx, mask=mask, other=0.0)
+    finish_split(part, idx, mask, bias_ptr + idx % MN, ws_ptr, count_ptr, out_ptr, tile, pid_k, MN, SPLIT_K, True)
+
+
+def _check_finish_split(device, split_k, mn, block, repeats):
+    parts = torch.randn(split_k, mn, device=device)
+    bias = torch.randn(mn, device=device).to(torch.float16)  # fp16: the interpreter's bf16 rounding is not RTNE
+    tiles = triton.cdiv(mn, block)
+    counts = split_counters(torch.device(device), tiles)
+    expect = parts[0].clone()
+    for s in range(1, split_k):
+        expect = expect + parts[s]
+    expect = (expect + bias.float()).to(torch.float16)
+    for _ in range(repeats):  # the counters must come back to zero for the next launch
+        ws = torch.empty_like(parts)
+        out = torch.empty(mn, dtype=torch.float16, device=device)
+        _finish_split_probe[(tiles, split_k)](parts, bias, ws, counts, out, mn, split_k, BLOCK=block)
+        assert torch.equal(out, expect)
+        assert not counts[:tiles].any()
+
+
+def test_finish_split_is_ordered_sum_plus_bias_and_resets_counters():
+    _check_finish_split("cpu", split_k=3, mn=70, block=32, repeats=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [2, 8, 16])
+def test_finish_split_gpu(split_k):
+    """Thousands of tiles whose splits race on the H200: the last arriver must see every partial."""
+    _check_finish_split("cuda", split_k=split_k, mn=28672 * 16 + 5, block=128, repeats=5)
 
 
 def test_tolerance_catches_a_nibble_swap():
