@@ -76,7 +76,8 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         bw, rows = (16, 1) if bits == 4 else (32, max(1, 128 // group_size) if group_size > 0 else 1)
         for bn in (128 * rows, 64 * rows):
             for sp in (8, 4, 2, 1):
-                cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": 4})
+                for pf in (0, 1):
+                    cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": 4, "PREFETCH": pf})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):

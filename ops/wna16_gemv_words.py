@@ -40,7 +40,7 @@ GEMV is issue-bound well before it is HBM-bound (~8 instructions per byte is the
 break-even: 128 thread-instructions / clk / SM against ~15 B / clk / SM), so instructions
 per weight byte set its speed. One program: one activation row, BLOCK_N weight rows, a
 1/SPLIT_K slice of K; the float32 partial of a split goes through the shared deterministic
-split-K reduction. A tile never spans two groups (BLOCK_W * CPW <= group_size), so each
+single-launch split-K reduction (``finish_split``). A tile never spans two groups (BLOCK_W * CPW <= group_size), so each
 tile takes one scale per row. Needs K % CPW == 0 (whole words).
 """
 
@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import output_buffers, splitk_reduce
+from ._wna16_common import finish_split, output_buffers
 
 
 # KW / W_PER_SPLIT unspecialized: when Triton may assume 16-divisible row lengths it gives
@@ -64,10 +64,10 @@ from ._wna16_common import output_buffers, splitk_reduce
 # per byte, 125 against 255 registers.
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
     CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
@@ -87,15 +87,30 @@ def _wna16_gemv_words_kernel(
     else:
         z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-    for it in range(0, W_PER_SPLIT // BLOCK_W):
+    n_tiles = W_PER_SPLIT // BLOCK_W
+    if PREFETCH:
+        nxt = _load_words(qw_ptr, row, w_start, BLOCK_W, VEC, 0, False)
+        if GROUP > 0:
+            s_nxt = tl.load(s_ptr + rn * G + (w_start * CPW) // GROUP)
+    for it in range(0, n_tiles):
         w0 = w_start + it * BLOCK_W
         if VEC > 1:
             w0 = tl.multiple_of(w0, VEC)
         ow = w0 + tl.arange(0, BLOCK_W)
-        words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        if PREFETCH:
+            # Triton does not software-pipeline loads that feed no tl.dot: without this the warp
+            # waits for each tile's words before its ~3 instructions per code can start
+            words = nxt
+            nxt = _load_words(qw_ptr, row, w0 + BLOCK_W, BLOCK_W, VEC, it + 1 < n_tiles, True)
+        else:
+            words = _load_words(qw_ptr, row, w0, BLOCK_W, VEC, 0, False)
         if GROUP > 0:
             g = (w0 * CPW) // GROUP
-            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            if PREFETCH:  # the scale of the next tile too (an HBM miss: scales are read once)
+                s = s_nxt.to(tl.float32)
+                s_nxt = tl.load(s_ptr + rn * G + tl.minimum(((w0 + BLOCK_W) * CPW) // GROUP, G - 1))
+            else:
+                s = tl.load(s_ptr + rn * G + g).to(tl.float32)
             if HAS_ZEROS:
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         # per-channel: straight into acc (a separate tile sum costs one FADD per word:
@@ -127,7 +142,22 @@ def _wna16_gemv_words_kernel(
             res += tl.load(bias_ptr + rn).to(tl.float32)
         tl.store(out_ptr + m * N + offs_n, res.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(ws_ptr + pid_k * M * N + m * N + offs_n, res, mask=mask)
+        tile = pid_n + m * tl.num_programs(0)
+        finish_split(res, m * N + offs_n, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, tile, pid_k, M * N, SPLIT_K, HAS_BIAS)
+
+
+@triton.jit
+def _load_words(qw_ptr, row, w0, BLOCK_W: tl.constexpr, VEC: tl.constexpr, valid, MASKED: tl.constexpr):
+    """Words ``w0 .. w0 + BLOCK_W - 1`` of rows ``row`` (offsets) as uint32; 0 unless ``valid``
+    (a scalar, used when MASKED)."""
+    if VEC > 1:
+        w0 = tl.multiple_of(w0, VEC)
+    ptrs = qw_ptr + row[:, None] + (w0 + tl.arange(0, BLOCK_W))[None, :]
+    if MASKED:
+        words = tl.load(ptrs, mask=valid, other=0, eviction_policy="evict_first")
+    else:
+        words = tl.load(ptrs, eviction_policy="evict_first")
+    return words.to(tl.uint32, bitcast=True)
 
 
 def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
@@ -141,7 +171,8 @@ def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> boo
 
 
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
-    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps} (arguments already checked)."""
+    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, PREFETCH (optional, default 0:
+    load each tile's words one tile ahead)} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
@@ -160,14 +191,12 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         split_k //= 2
     w_per_split = kw // split_k
     vec = 4 if bits == 8 and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
-    out, ws = output_buffers(x, n, split_k)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
     _wna16_gemv_words_kernel[grid](
-        x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws,
+        x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, PREFETCH=bool(cfg.get("PREFETCH", 0)), num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
-    if split_k > 1:
-        splitk_reduce(ws, bias, out)
     return out

@@ -22,8 +22,8 @@ from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, mak
 BLOCK_W = {4: 8, 8: 16}
 
 
-def _cfg(bits: int, split_k: int, block_n: int = 16) -> dict:
-    return {"BLOCK_N": block_n, "BLOCK_W": BLOCK_W[bits], "SPLIT_K": split_k, "num_warps": 4}
+def _cfg(bits: int, split_k: int, block_n: int = 16, prefetch: int = 0) -> dict:
+    return {"BLOCK_N": block_n, "BLOCK_W": BLOCK_W[bits], "SPLIT_K": split_k, "num_warps": 4, "PREFETCH": prefetch}
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -35,19 +35,19 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m,split_k,asym", [(1, 1, False), (2, 2, True), (7, 4, True), (1, 4, False)])
-def test_gemv_words_kernel_interpreter(bits, group_size, m, split_k, asym):
+@pytest.mark.parametrize("m,split_k,asym,prefetch", [(1, 1, False, 1), (2, 2, True, 1), (7, 4, True, 0), (1, 4, False, 1)])
+def test_gemv_words_kernel_interpreter(bits, group_size, m, split_k, asym, prefetch):
     # N = 40 with BLOCK_N = 16: a partial last row tile; K = 256: split-K 2 and 4 take whole tiles
     i = bits // 4 + m + (group_size > 0)  # cycles dtype and bias over the grid
     dtype = (torch.bfloat16, torch.float16)[i % 2]
     x, qw, s, z, b = make_problem(m, 40, 256, bits, group_size, dtype, asym=asym, bias=(i // 2) % 2 == 0)
-    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, _cfg(bits, split_k))
+    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, _cfg(bits, split_k, prefetch=prefetch))
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("asym", [False, True])
-def test_gemv_words_kernel_extreme_codes(bits, asym):
+@pytest.mark.parametrize("asym,prefetch", [(False, 0), (True, 1)])
+def test_gemv_words_kernel_extreme_codes(bits, asym, prefetch):
     # every code 0 or 2**bits - 1; zero points at the other end (or the implicit 2**(bits-1)):
     # the largest |u - z| and the top code in every position of the word (u * 2**(BITS*j) up to
     # 255 * 2**8 in the exponent trick must stay exact)
@@ -56,7 +56,7 @@ def test_gemv_words_kernel_extreme_codes(bits, asym):
     codes = torch.randint(0, 2, (16, 128), dtype=torch.uint8) * top
     qw = _pack(codes, bits)
     z = (top - codes[:, ::32]).contiguous() if asym else None
-    out = wna16_gemv_words(x, qw, s, z, None, bits, 32, _cfg(bits, 2))
+    out = wna16_gemv_words(x, qw, s, z, None, bits, 32, _cfg(bits, 2, prefetch=prefetch))
     assert_close_to_ref(out, x, qw, s, z, None, bits, 32)
 
 
@@ -64,12 +64,13 @@ def test_gemv_words_kernel_extreme_codes(bits, asym):
     "bits,k,group_size",
     [(4, 576, -1), (4, 576, 64), (4, 96, 32), (8, 560, -1), (8, 576, 64), (8, 96, 32)],
 )
-def test_gemv_words_k_not_a_multiple_of_the_configured_tile(bits, k, group_size):
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_gemv_words_k_not_a_multiple_of_the_configured_tile(bits, k, group_size, prefetch):
     # K = 576 (SmolLM2's hidden size) is 72 4-bit / 144 8-bit words: not a multiple of BLOCK_W
     # = 16 / 32; 8-bit K = 560 is 140 words: BLOCK_W shrinks to 4
     assert words_supported(k, bits, group_size)
     x, qw, s, z, b = make_problem(1, 24, k, bits, group_size, torch.bfloat16, asym=True, bias=True)
-    cfg = {"BLOCK_N": 16, "BLOCK_W": 4 * bits, "SPLIT_K": 4}  # the dispatcher's BLOCK_W per width
+    cfg = {"BLOCK_N": 16, "BLOCK_W": 4 * bits, "SPLIT_K": 4, "PREFETCH": prefetch}  # the dispatcher's BLOCK_W per width
     out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, cfg)
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
@@ -116,7 +117,8 @@ def test_tolerance_catches_a_code_order_swap(bits):
 def test_dispatcher_offers_and_runs_gemv_words(bits, group_size, block_n):
     # 128 codes per row and tile; 8-bit groups below 128 trade tile width for rows (32 words a thread)
     cands = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
-    assert len(cands) == 8 and {c["BLOCK_W"] for c in cands} == {4 * bits}
+    assert len(cands) == 16 and {c["BLOCK_W"] for c in cands} == {4 * bits}  # 2 BLOCK_N x 4 splits x prefetch or not
+    assert {c["PREFETCH"] for c in cands} == {0, 1}
     assert {c["BLOCK_N"] for c in cands} == {block_n, block_n // 2}
     assert candidate_configs(1, 4096, 4096, bits, group_size)[0]["kernel"] == "gemv_words"
     x, qw, s, z, b = make_problem(2, 40, 256, bits, group_size, torch.bfloat16, asym=True, bias=True)
