@@ -71,13 +71,15 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                 for warps in (4, 8) if exhaustive else (4,):
                     cands.append({"kernel": "gemv", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "num_warps": warps, "num_stages": 2})
     if mb <= 2 and words_supported(k, bits, group_size):
-        # 128 codes per row and tile; 8-bit groups of 64 / 32 (BLOCK_W = group / 4) take 2x / 4x the
-        # rows, so a thread still reads 32 words per tile (4.4 SASS instr / byte; ops/wna16_gemv_words.py)
-        bw, rows = (16, 1) if bits == 4 else (32, max(1, 128 // group_size) if group_size > 0 else 1)
-        for bn in (128 * rows, 64 * rows):
+        # (BLOCK_N, BLOCK_W, warps): 8-32 words per thread and tile. Wide tiles read longer runs of
+        # each row (BLOCK_W = 64: 256 / 128 bytes for 4 / 8 bits); a tile may span several groups.
+        # Per-channel, H200, M = 1 (BENCHMARKS.md, word GEMV tile width): 28672x4096 4-bit 26.4 us
+        # at BLOCK_W = 64 against 29.4 at 16; 8-bit 33.2 against 35.1 at 32.
+        shapes = ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8)) if bits == 4 else \
+                 ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8))
+        for bn, bw, warps in shapes:
             for sp in (8, 4, 2, 1):
-                for pf in (0, 1):
-                    cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": 4, "PREFETCH": pf})
+                cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):

@@ -29,19 +29,22 @@ weight byte):
     4-bit  BLOCK_N=128 BLOCK_W=16   group 128: 8.23 / 8.84   per-channel: 7.42
     8-bit  BLOCK_N=128 BLOCK_W=32   group 128: 4.36 / 4.52   per-channel: 3.92
     8-bit  BLOCK_N=64  BLOCK_W=32   group 128: 4.97 / 5.44   per-channel: 4.48
-    8-bit  BLOCK_N=256 BLOCK_W=16   group  64: 4.37 / 4.60   (BLOCK_N=128: 5.00 / 5.33)
-    8-bit  BLOCK_N=512 BLOCK_W=8    group  32: 4.41 / 4.77   (BLOCK_N=128: 6.34 / 6.91)
+    4-bit  BLOCK_N=32  BLOCK_W=64   group 128: 9.50 / 10.06  per-channel: 7.42  (triton 3.6)
+    8-bit  BLOCK_N=32  BLOCK_W=64   group 128: 5.80 / 6.20   per-channel: 4.48  (triton 3.6)
 
 against the byte-wise GEMV (ops/wna16_gemv.py: byte extract, nibble join, per-code scale):
 15-20 for 4-bit and 7.4 for 8-bit (BLOCK_N=32, BLOCK_K=128, its shipped 8-bit M = 1 config).
-For 8-bit, 32 words per thread and tile is the sweet spot (no spills, <= 255 registers),
-hence the dispatcher's BLOCK_N = 128 * 128 / group for 8-bit groups below 128. A decode
-GEMV is issue-bound well before it is HBM-bound (~8 instructions per byte is the H200's
-break-even: 128 thread-instructions / clk / SM against ~15 B / clk / SM), so instructions
-per weight byte set its speed. One program: one activation row, BLOCK_N weight rows, a
-1/SPLIT_K slice of K; the float32 partial of a split goes through the shared deterministic
-single-launch split-K reduction (``finish_split``). A tile never spans two groups (BLOCK_W * CPW <= group_size), so each
-tile takes one scale per row. Needs K % CPW == 0 (whole words).
+Instruction count is not the whole story: on the H200 the 4-bit GEMV issues at about half
+the rate its count allows, and tiles reading longer runs of each row are faster despite more
+instructions (per-channel 28672x4096, M = 1: BLOCK_W = 64 26.4 us, BLOCK_W = 16 29.4 us;
+BENCHMARKS.md), so the dispatcher offers BLOCK_W 16-64 and the tuning picks. Loading the next
+tile's words one tile ahead (a software prefetch) measured no faster and was dropped.
+
+One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
+partial of a split goes through the shared deterministic single-launch split-K reduction
+(``finish_split``). A tile is ``[BLOCK_N, NG, WPG]``: NG whole scale groups of WPG words
+(NG = 1 when the tile lies inside one group, and per-channel), one scale (and zero point)
+per row and group, applied to the group's partial sum. Needs K % CPW == 0 (whole words).
 """
 
 from __future__ import annotations
@@ -67,10 +70,13 @@ def _wna16_gemv_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
     CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
+    # a tile is NG scale groups of WPG words ([BLOCK_N, NG, WPG]); per-channel: one "group"
+    WPG: tl.constexpr = min(BLOCK_W, GROUP // CPW) if GROUP > 0 else BLOCK_W
+    NG: tl.constexpr = BLOCK_W // WPG
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
@@ -81,41 +87,32 @@ def _wna16_gemv_words_kernel(
     row = rn * KW
     if VEC > 1:
         row = tl.multiple_of(row, VEC)
+    ow_tile = tl.arange(0, NG)[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [NG, WPG]: 0 .. BLOCK_W-1
+    if GROUP > 0:
+        sg = rn[:, None] * G + tl.arange(0, NG)[None, :]  # [BLOCK_N, NG]: + the tile's first group
 
     if HAS_ZEROS:
-        z = tl.load(z_ptr + rn * G + ((w_start * CPW) // GROUP if GROUP > 0 else 0)).to(tl.float32)
+        if GROUP > 0:  # loaded per tile in the loop; the same shape before it
+            z = tl.load(z_ptr + sg + (w_start * CPW) // GROUP).to(tl.float32)
+        else:
+            z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
     else:
-        z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
-    acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-    n_tiles = W_PER_SPLIT // BLOCK_W
-    if PREFETCH:
-        nxt = _load_words(qw_ptr, row, w_start, BLOCK_W, VEC, 0, False)
-        if GROUP > 0:
-            s_nxt = tl.load(s_ptr + rn * G + (w_start * CPW) // GROUP)
-    for it in range(0, n_tiles):
+        z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32)
+    for it in range(0, W_PER_SPLIT // BLOCK_W):
         w0 = w_start + it * BLOCK_W
         if VEC > 1:
             w0 = tl.multiple_of(w0, VEC)
-        ow = w0 + tl.arange(0, BLOCK_W)
-        if PREFETCH:
-            # Triton does not software-pipeline loads that feed no tl.dot: without this the warp
-            # waits for each tile's words before its ~3 instructions per code can start
-            words = nxt
-            nxt = _load_words(qw_ptr, row, w0 + BLOCK_W, BLOCK_W, VEC, it + 1 < n_tiles, True)
-        else:
-            words = _load_words(qw_ptr, row, w0, BLOCK_W, VEC, 0, False)
+        ow = w0 + ow_tile
+        words = tl.load(qw_ptr + row[:, None, None] + ow[None, :, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
         if GROUP > 0:
             g = (w0 * CPW) // GROUP
-            if PREFETCH:  # the scale of the next tile too (an HBM miss: scales are read once)
-                s = s_nxt.to(tl.float32)
-                s_nxt = tl.load(s_ptr + rn * G + tl.minimum(((w0 + BLOCK_W) * CPW) // GROUP, G - 1))
-            else:
-                s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            s = tl.load(s_ptr + sg + g).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.load(z_ptr + rn * G + g).to(tl.float32)
+                z = tl.load(z_ptr + sg + g).to(tl.float32)
         # per-channel: straight into acc (a separate tile sum costs one FADD per word:
         # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
-        t = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32) if GROUP > 0 else acc
+        t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
         for h in tl.static_range(2):
             half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
             for j in tl.static_range(CPH):
@@ -125,15 +122,15 @@ def _wna16_gemv_words_kernel(
                 # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
                 # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
                 # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
-                cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, None]
+                cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
                 xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
-                t += cj * xj[None, :]
+                t += cj * xj[None, :, :]
         if GROUP > 0:
-            acc += t * s[:, None]
+            acc += t * s[:, :, None]
         else:
             acc = t
 
-    res = tl.sum(acc, axis=1)
+    res = tl.sum(tl.sum(acc, axis=2), axis=1)
     if GROUP <= 0:
         res = res * tl.load(s_ptr + rn * G).to(tl.float32)
     mask = offs_n < N
@@ -144,20 +141,6 @@ def _wna16_gemv_words_kernel(
     else:
         tile = pid_n + m * tl.num_programs(0)
         finish_split(res, m * N + offs_n, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, tile, pid_k, M * N, SPLIT_K, HAS_BIAS)
-
-
-@triton.jit
-def _load_words(qw_ptr, row, w0, BLOCK_W: tl.constexpr, VEC: tl.constexpr, valid, MASKED: tl.constexpr):
-    """Words ``w0 .. w0 + BLOCK_W - 1`` of rows ``row`` (offsets) as uint32; 0 unless ``valid``
-    (a scalar, used when MASKED)."""
-    if VEC > 1:
-        w0 = tl.multiple_of(w0, VEC)
-    ptrs = qw_ptr + row[:, None] + (w0 + tl.arange(0, BLOCK_W))[None, :]
-    if MASKED:
-        words = tl.load(ptrs, mask=valid, other=0, eviction_policy="evict_first")
-    else:
-        words = tl.load(ptrs, eviction_policy="evict_first")
-    return words.to(tl.uint32, bitcast=True)
 
 
 def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
@@ -171,8 +154,7 @@ def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> boo
 
 
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
-    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, PREFETCH (optional, default 0:
-    load each tile's words one tile ahead)} (arguments already checked)."""
+    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
@@ -183,7 +165,9 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
-    block_w = cfg["BLOCK_W"] if group_size <= 0 else min(cfg["BLOCK_W"], group_size // cpw)
+    block_w = cfg["BLOCK_W"]
+    if group_size > 0 and block_w * cpw > group_size and (block_w * cpw) % group_size:
+        block_w = group_size // cpw  # a tile spans whole groups or lies inside one
     while kw % block_w:  # per-channel K that is a multiple of the minimum tile but not of BLOCK_W (e.g. 576)
         block_w //= 2
     split_k = cfg.get("SPLIT_K", 1)
@@ -197,6 +181,6 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, PREFETCH=bool(cfg.get("PREFETCH", 0)), num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
     return out

@@ -22,8 +22,8 @@ from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, mak
 BLOCK_W = {4: 8, 8: 16}
 
 
-def _cfg(bits: int, split_k: int, block_n: int = 16, prefetch: int = 0) -> dict:
-    return {"BLOCK_N": block_n, "BLOCK_W": BLOCK_W[bits], "SPLIT_K": split_k, "num_warps": 4, "PREFETCH": prefetch}
+def _cfg(bits: int, split_k: int, block_n: int = 16, block_w: int | None = None) -> dict:
+    return {"BLOCK_N": block_n, "BLOCK_W": block_w or BLOCK_W[bits], "SPLIT_K": split_k, "num_warps": 4}
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -35,19 +35,19 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m,split_k,asym,prefetch", [(1, 1, False, 1), (2, 2, True, 1), (7, 4, True, 0), (1, 4, False, 1)])
-def test_gemv_words_kernel_interpreter(bits, group_size, m, split_k, asym, prefetch):
+@pytest.mark.parametrize("m,split_k,asym", [(1, 1, False), (2, 2, True), (7, 4, True), (1, 4, False)])
+def test_gemv_words_kernel_interpreter(bits, group_size, m, split_k, asym):
     # N = 40 with BLOCK_N = 16: a partial last row tile; K = 256: split-K 2 and 4 take whole tiles
     i = bits // 4 + m + (group_size > 0)  # cycles dtype and bias over the grid
     dtype = (torch.bfloat16, torch.float16)[i % 2]
     x, qw, s, z, b = make_problem(m, 40, 256, bits, group_size, dtype, asym=asym, bias=(i // 2) % 2 == 0)
-    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, _cfg(bits, split_k, prefetch=prefetch))
+    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, _cfg(bits, split_k))
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("asym,prefetch", [(False, 0), (True, 1)])
-def test_gemv_words_kernel_extreme_codes(bits, asym, prefetch):
+@pytest.mark.parametrize("asym", [False, True])
+def test_gemv_words_kernel_extreme_codes(bits, asym):
     # every code 0 or 2**bits - 1; zero points at the other end (or the implicit 2**(bits-1)):
     # the largest |u - z| and the top code in every position of the word (u * 2**(BITS*j) up to
     # 255 * 2**8 in the exponent trick must stay exact)
@@ -56,7 +56,7 @@ def test_gemv_words_kernel_extreme_codes(bits, asym, prefetch):
     codes = torch.randint(0, 2, (16, 128), dtype=torch.uint8) * top
     qw = _pack(codes, bits)
     z = (top - codes[:, ::32]).contiguous() if asym else None
-    out = wna16_gemv_words(x, qw, s, z, None, bits, 32, _cfg(bits, 2, prefetch=prefetch))
+    out = wna16_gemv_words(x, qw, s, z, None, bits, 32, _cfg(bits, 2))
     assert_close_to_ref(out, x, qw, s, z, None, bits, 32)
 
 
@@ -64,13 +64,12 @@ def test_gemv_words_kernel_extreme_codes(bits, asym, prefetch):
     "bits,k,group_size",
     [(4, 576, -1), (4, 576, 64), (4, 96, 32), (8, 560, -1), (8, 576, 64), (8, 96, 32)],
 )
-@pytest.mark.parametrize("prefetch", [0, 1])
-def test_gemv_words_k_not_a_multiple_of_the_configured_tile(bits, k, group_size, prefetch):
+def test_gemv_words_k_not_a_multiple_of_the_configured_tile(bits, k, group_size):
     # K = 576 (SmolLM2's hidden size) is 72 4-bit / 144 8-bit words: not a multiple of BLOCK_W
     # = 16 / 32; 8-bit K = 560 is 140 words: BLOCK_W shrinks to 4
     assert words_supported(k, bits, group_size)
     x, qw, s, z, b = make_problem(1, 24, k, bits, group_size, torch.bfloat16, asym=True, bias=True)
-    cfg = {"BLOCK_N": 16, "BLOCK_W": 4 * bits, "SPLIT_K": 4, "PREFETCH": prefetch}  # the dispatcher's BLOCK_W per width
+    cfg = {"BLOCK_N": 16, "BLOCK_W": 4 * bits, "SPLIT_K": 4}  # the dispatcher's BLOCK_W per width
     out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, cfg)
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
@@ -110,20 +109,25 @@ def test_tolerance_catches_a_code_order_swap(bits):
         assert_close_to_ref(out, x, qw, s, z, b, bits, 64)
 
 
-@pytest.mark.parametrize(
-    "bits,group_size,block_n",
-    [(4, 128, 128), (4, -1, 128), (8, 128, 128), (8, -1, 128), (8, 64, 256), (8, 32, 512)],
-)
-def test_dispatcher_offers_and_runs_gemv_words(bits, group_size, block_n):
-    # 128 codes per row and tile; 8-bit groups below 128 trade tile width for rows (32 words a thread)
+@pytest.mark.parametrize("bits,group_size", [(4, 128), (4, -1), (8, 128), (8, -1), (8, 64), (8, 32)])
+def test_dispatcher_offers_and_runs_gemv_words(bits, group_size):
+    # tiles of 8-32 words per thread; BLOCK_W = 64 spans 4 groups of 128 (4-bit) or 8 of 32 (8-bit)
     cands = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
-    assert len(cands) == 16 and {c["BLOCK_W"] for c in cands} == {4 * bits}  # 2 BLOCK_N x 4 splits x prefetch or not
-    assert {c["PREFETCH"] for c in cands} == {0, 1}
-    assert {c["BLOCK_N"] for c in cands} == {block_n, block_n // 2}
+    assert len(cands) == (28 if bits == 4 else 24) and {c["BLOCK_W"] for c in cands} == ({16, 32, 64} if bits == 4 else {32, 64})
+    assert all(8 <= c["BLOCK_N"] * c["BLOCK_W"] // (32 * c["num_warps"]) <= 32 for c in cands)  # words per thread and tile
     assert candidate_configs(1, 4096, 4096, bits, group_size)[0]["kernel"] == "gemv_words"
-    x, qw, s, z, b = make_problem(2, 40, 256, bits, group_size, torch.bfloat16, asym=True, bias=True)
-    cfg = next(c for c in cands if c["SPLIT_K"] == 2)  # as offered: BLOCK_N > N exercises the row wrap
-    assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, group_size), x, qw, s, z, b, bits, group_size)
+    x, qw, s, z, b = make_problem(2, 40, 512, bits, group_size, torch.bfloat16, asym=True, bias=True)
+    wide = next(c for c in cands if c["SPLIT_K"] == 2 and c["BLOCK_W"] == 64)  # as offered: BLOCK_N > N wraps rows
+    for cfg in (cands[0], wide):
+        assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, group_size), x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.parametrize("bits,group_size,block_w", [(4, 32, 16), (4, 64, 64), (8, 64, 64), (8, 128, 64)])
+def test_gemv_words_tile_spanning_groups(bits, group_size, block_w):
+    # NG = BLOCK_W * CPW / group scale groups per tile, each with its own scale and zero point
+    x, qw, s, z, b = make_problem(7, 24, 1024, bits, group_size, torch.float16, asym=True, bias=False)
+    out = wna16_gemv_words(x, qw, s, z, b, bits, group_size, _cfg(bits, 2, block_w=block_w))
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
 # ---------------------------------------------------------------- GPU: real decode shapes
