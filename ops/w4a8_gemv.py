@@ -23,10 +23,11 @@ issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never un
 * The codes are ``u``, the weights ``u - 8``: ``cx = -8 * sum x`` per column, by
   ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, again per column;
   per-channel adds it once at the end (a per-column running sum), group 128 per tile.
-* A tile covers 4 consecutive words of BLOCK_W columns per row (16-byte loads), at most 16
-  words = 128 codes, so with group 128 it lies in one group and its exact int32 partial is
-  multiplied by the integer group scale (``acc += (t_lo + (t_hi >> 4) + cx) * gs``):
-  grouped costs one IMAD per tile-row more than per-channel, not one multiply per weight.
+* A tile covers 4 consecutive words (32 codes) of BLOCK_W columns per row (16-byte loads); a
+  column lies in one group of 128 codes, so with group 128 each column's exact int32 partial
+  is multiplied by its integer group scale (``acc += (t_lo + (t_hi >> 4) + cx) * gs``, gs per
+  row and column; a tile of more than 16 words spans several groups): grouped costs one IMAD
+  per row and column more than per-channel, not one multiply per weight.
 
 Every partial is an exact integer in int32: per tile lane |t_lo| <= 16 * 15 * 128 and
 |t_hi| <= 16 * 240 * 128; per-channel running sums are bounded by 1920 * K (sum u * x) and
@@ -133,7 +134,7 @@ def _accumulate(acc, sx, x_ptrs, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GRO
     ``-8 * sum x`` to the per-column ``sx`` [BLOCK_W], applied once at the end)."""
     part, cx = _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM)
     if GROUPED:
-        acc += (part + cx[None, :]) * gs  # exact: the tile lies in one group, gs an integer
+        acc += (part + cx[None, :]) * gs  # exact: a column lies in one group, gs an integer
     else:
         acc += part
         sx += cx
@@ -202,9 +203,10 @@ def _w4a8_gemv_kernel(
     sx2 = tl.zeros((BLOCK_W,), dtype=tl.int32)
     sx3 = tl.zeros((BLOCK_W,), dtype=tl.int32)
     gs = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
-    # [BLOCK_N, BLOCK_W] (one scale per row, repeated per column) so that the scale arrives in
-    # the accumulator's layout: a [BLOCK_N] load went through shared memory (STS + 2 BAR + LDS)
-    gs_rows = gs_ptr + (rn.to(tl.int64) * G)[:, None] + 0 * offs_c[None, :]
+    # [BLOCK_N, BLOCK_W]: the scale of each row and 4-word column (a column lies in one group;
+    # a tile of more than 16 words spans several), in the accumulator's layout: a [BLOCK_N]
+    # load went through shared memory (STS + 2 BAR + LDS)
+    gs_rows = gs_ptr + (rn.to(tl.int64) * G)[:, None] + offs_c[None, :] // 4
     n_tiles = W_PER_SPLIT // (4 * BLOCK_W)
     if PREFETCH:
         nxt = tl.load(w_ptrs, eviction_policy="evict_first")
@@ -220,8 +222,8 @@ def _w4a8_gemv_kernel(
         else:
             words = tl.load(w_ptrs, eviction_policy="evict_first")  # [BLOCK_N, BLOCK_W, 4]
             w_ptrs += 4 * BLOCK_W
-        if GROUPED:  # 4 * BLOCK_W words <= 16 = one group: the tile's scale is one per row
-            gs = tl.load(gs_rows + (w_start + it * (4 * BLOCK_W)) // 16).to(tl.int32)  # group of word w0
+        if GROUPED:  # tiles start on a multiple of min(4 * BLOCK_W, 16) words: the groups add up
+            gs = tl.load(gs_rows + (w_start + it * (4 * BLOCK_W)) // 16).to(tl.int32)
         lo0, lo1, lo2, lo3 = _split4(words & 0x0F0F0F0F)  # even codes, unsigned bytes
         hi0, hi1, hi2, hi3 = _split4(words & _HI_MASK)  # odd codes x 16, unsigned bytes
         acc0, sx0 = _accumulate(acc0, sx0, x0, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
@@ -251,11 +253,10 @@ def _w4a8_gemv_kernel(
 
 
 def gemv_supported(k: int, group_size: int, cfg: dict) -> bool:
-    """Whether config ``cfg`` can run K: whole 4-word tiles in every split, one group per tile."""
+    """Whether config ``cfg`` can run K: whole tiles of 4 * BLOCK_W words in every split (a tile
+    lies inside one group of 128 codes or spans whole groups: BLOCK_W is a power of two)."""
     kw, tile = k // 8, 4 * cfg["BLOCK_W"]
-    if k % 32 or kw % (tile * cfg["SPLIT_K"]):
-        return False
-    return group_size != 128 or 16 % tile == 0
+    return k % 32 == 0 and kw % (tile * cfg["SPLIT_K"]) == 0
 
 
 def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
@@ -302,9 +303,9 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
 # per weight byte, DP4A_ASM, triton 3.7.1): BLOCK_M = 1: 1.7-2.2 per-channel, 2.0-2.6 group 128;
 # 2: 2.5-2.9 / 3.0-3.4; 4: 4.1-5.0 / 4.7-5.6 (the tile kernel at M <= 16: 5.7-6.7 per-channel,
 # 15-27 group 128, 6.5-8.4 with GS_PARTIAL). BLOCK_W >= 2 keeps a row's bytes per iteration at
-# >= 32 (a whole sector); BLOCK_W = 8 (128 B, per-channel only: a tile must fit one group) is
-# dropped for group 128 by gemv_supported.
-_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4)),
+# >= 32 (a whole sector); BLOCK_W = 8 / 16 read 128 / 256 bytes of a row per tile (longer row
+# runs made the W4A16 word GEMV faster on the H200: BENCHMARKS.md, word GEMV tile width).
+_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8)),
            2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8)),
            4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8))}
 

@@ -173,9 +173,18 @@ def test_gemv_unaligned_storage():
     assert torch.equal(w4_to_int8(qw_odd, None, block_n=8, block_w=8), w4a8_int_weight(qweight, None, -1))
 
 
+@pytest.mark.parametrize("bw,split", [(8, 1), (16, 2)])
+def test_gemv_tile_spanning_groups(bw, split):
+    """32 / 64-word tiles span 2 / 4 groups of 128 codes: each 4-word column takes its own group's scale."""
+    xq, xs, qweight, ws, gs, b = make_w4a8(2, 24, 1024, 128)
+    out = run_w4a8_gemv(xq, xs, qweight, ws, gs, b, torch.bfloat16, config=gemv_cfg(2, 16, bw, split))
+    assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, gs, b, 128, torch.bfloat16))
+
+
 def test_gemv_rejects_what_it_cannot_tile():
     assert not gemv_supported(48, -1, gemv_cfg(1, 32, 1, 1))  # K % 32
-    assert not gemv_supported(128, 128, gemv_cfg(1, 32, 8, 1))  # a 32-word tile spans two groups
+    assert not gemv_supported(128, 128, gemv_cfg(1, 32, 8, 1))  # K = 16 words: not a whole 32-word tile
+    assert gemv_supported(256, 128, gemv_cfg(1, 32, 8, 1))  # a 32-word tile spanning two groups
     assert gemv_supported(128, -1, gemv_cfg(1, 32, 4, 1)) and not gemv_supported(128, -1, gemv_cfg(1, 32, 4, 2))
     args = make_w4a8(1, 8, 48)
     with pytest.raises(ValueError):
