@@ -305,9 +305,9 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
 # 15-27 group 128, 6.5-8.4 with GS_PARTIAL). BLOCK_W >= 2 keeps a row's bytes per iteration at
 # >= 32 (a whole sector); BLOCK_W = 8 / 16 read 128 / 256 bytes of a row per tile (longer row
 # runs made the W4A16 word GEMV faster on the H200: BENCHMARKS.md, word GEMV tile width).
-_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8)),
-           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8)),
-           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8))}
+_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8), (32, 32, 4), (64, 32, 8)),
+           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4)),
+           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8))}  # (64, 16, 4) at 4 tokens: 255 registers
 
 
 def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -> list[dict]:

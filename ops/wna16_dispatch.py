@@ -75,8 +75,8 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # each row (BLOCK_W = 64: 256 / 128 bytes for 4 / 8 bits); a tile may span several groups.
         # Per-channel, H200, M = 1 (BENCHMARKS.md, word GEMV tile width): 28672x4096 4-bit 26.4 us
         # at BLOCK_W = 64 against 29.4 at 16; 8-bit 33.2 against 35.1 at 32.
-        shapes = ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8)) if bits == 4 else \
-                 ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8))
+        shapes = ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8), (16, 128, 4), (32, 128, 8)) if bits == 4 else \
+                 ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8), (32, 128, 8))
         for bn, bw, warps in shapes:
             for sp in (8, 4, 2, 1):
                 cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})

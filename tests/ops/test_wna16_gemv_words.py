@@ -113,7 +113,7 @@ def test_tolerance_catches_a_code_order_swap(bits):
 def test_dispatcher_offers_and_runs_gemv_words(bits, group_size):
     # tiles of 8-32 words per thread; BLOCK_W = 64 spans 4 groups of 128 (4-bit) or 8 of 32 (8-bit)
     cands = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
-    assert len(cands) == (28 if bits == 4 else 24) and {c["BLOCK_W"] for c in cands} == ({16, 32, 64} if bits == 4 else {32, 64})
+    assert len(cands) == (36 if bits == 4 else 28) and {c["BLOCK_W"] for c in cands} == ({16, 32, 64, 128} if bits == 4 else {32, 64, 128})
     assert all(8 <= c["BLOCK_N"] * c["BLOCK_W"] // (32 * c["num_warps"]) <= 32 for c in cands)  # words per thread and tile
     assert candidate_configs(1, 4096, 4096, bits, group_size)[0]["kernel"] == "gemv_words"
     x, qw, s, z, b = make_problem(2, 40, 512, bits, group_size, torch.bfloat16, asym=True, bias=True)
