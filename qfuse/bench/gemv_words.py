@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -21,12 +22,12 @@ SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)
 GROUP = 128
 
 
-def _weights(n: int, k: int, bits: int, copies: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _weights(n: int, k: int, bits: int, copies: int, group: int = GROUP) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ws = []
     for _ in range(copies):
         codes = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8, device="cuda")
         qw = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous() if bits == 4 else codes
-        s = (torch.rand(n, k // GROUP, device="cuda") * 0.02 + 0.005).bfloat16()
+        s = (torch.rand(n, 1 if group == -1 else k // group, device="cuda") * 0.02 + 0.005).bfloat16()
         ws.append((qw, s))
     return ws
 
@@ -52,39 +53,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--m", default="1,2,4", help="comma-separated M values")
     p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="weight widths (default: both)")
+    p.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="N x K weight shapes")
+    p.add_argument("--group", type=int, default=GROUP, help="group size (-1: per-channel; tinygemm only at 128)")
     p.add_argument("--baseline-json", type=Path, default=Path(__file__).resolve().parents[2] / "ops/tuned/wna16_gemm.NVIDIA_H200.json")
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("qfuse bench gemv_words needs a CUDA device", file=sys.stderr)
+        return 1
+    group = args.group
     baseline = json.loads(args.baseline_json.read_text())
     torch.manual_seed(0)
     bw = hbm_bandwidth()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; HBM bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows = []
-    for n, k in SHAPES:
+    for n, k in (tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes):
         wb = [torch.randn(n, k, device="cuda").bfloat16() for _ in range(copies_for(n * k * 2))]
         for bits in args.bits:
-            cfgs = [c for c in candidate_configs(1, n, k, bits, GROUP) if c["kernel"] == "gemv_words"]
-            nbytes = n * k * bits // 8 + n * (k // GROUP) * 2
-            ws = _weights(n, k, bits, copies_for(nbytes))
-            tg = _tinygemm(ws, n, k) if bits == 4 else None
+            cfgs = [c for c in candidate_configs(1, n, k, bits, group) if c["kernel"] == "gemv_words"]
+            nbytes = n * k * bits // 8 + n * (1 if group == -1 else k // group) * 2
+            ws = _weights(n, k, bits, copies_for(nbytes), group)
+            tg = _tinygemm(ws, n, k) if bits == 4 and group == GROUP else None
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 qw, s = ws[0]
-                for z in (None, torch.randint(0, 2**bits, (n, k // GROUP), dtype=torch.uint8, device="cuda")):
-                    ref = wna16_gemm_ref(x, qw, s, z, None, bits, GROUP).float()
+                for z in (None, torch.randint(0, 2**bits, tuple(s.shape), dtype=torch.uint8, device="cuda")):
+                    ref = wna16_gemm_ref(x, qw, s, z, None, bits, group).float()
                     tol = 2 * torch.finfo(torch.bfloat16).eps * ref.abs().max().item()
                     for c in cfgs:
-                        err = (wna16_gemv_words(x, qw, s, z, None, bits, GROUP, c).float() - ref).abs().max().item()
+                        err = (wna16_gemv_words(x, qw, s, z, None, bits, group, c).float() - ref).abs().max().item()
                         assert err <= tol, f"{bits}-bit {n}x{k} M={m} {c}: error {err:.3g} > {tol:.3g}"
                 r = {"bits": bits, "N": n, "K": k, "M": m, "bf16": time_graph([lambda w=w: torch.matmul(x, w.t()) for w in wb])}
-                key = "|".join(["wna16_gemm", "NVIDIA_H200", *map(str, config_key(m, n, k, bits, GROUP, torch.bfloat16))])
+                key = "|".join(["wna16_gemm", "NVIDIA_H200", *map(str, config_key(m, n, k, bits, group, torch.bfloat16))])
                 base = baseline.get(key)
                 if base:
-                    r["baseline"] = time_graph([lambda w=w: run_config(base, x, w[0], w[1], None, None, bits, GROUP) for w in ws])
+                    r["baseline"] = time_graph([lambda w=w: run_config(base, x, w[0], w[1], None, None, bits, group) for w in ws])
                     r["baseline_cfg"] = base["kernel"]
                 if tg is not None:
                     r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
                 for c in cfgs:
-                    r[f"words_bn{c['BLOCK_N']}_sk{c['SPLIT_K']}"] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, bits, GROUP, c) for w in ws])
+                    label = f"words_bn{c['BLOCK_N']}_bw{c['BLOCK_W']}_sk{c['SPLIT_K']}_w{c['num_warps']}"
+                    r[label] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, bits, group, c) for w in ws])
                 words = {kk: v for kk, v in r.items() if kk.startswith("words")}
                 best = min(words, key=words.get)
                 r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)
@@ -94,5 +102,5 @@ def main(argv: list[str] | None = None) -> int:
                       f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
                       f"x_bf16 {r['bf16'] / r['words_best']:.2f}", flush=True)
             del ws, tg
-    write_csv(rows, args.out / "gemv_words.csv")
+    write_csv(rows, args.out / ("gemv_words.csv" if group == GROUP else f"gemv_words_g{group}.csv"))
     return 0
