@@ -4,7 +4,7 @@ A config is a dict whose ``"kernel"`` names the family:
 
 * ``"gemv_words"`` (4- and 8-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3
   instructions per code (ops/wna16_gemv_words.py); the measured M = 1 choice on the H200
-  (W4A16 1.48-1.87x bf16, W8A16 1.31-1.52x);
+  (W4A16 1.74-1.95x bf16, W8A16 1.47-1.64x; BENCHMARKS.md run K);
 * ``"gemv"``  (M bucket <= 4): CUDA-core GEMV with split-K (ops/wna16_gemv.py);
 * ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
 * ``"tiled_words"`` (any M, K a whole number of int32 words): the same tiles reading the
