@@ -140,10 +140,11 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
 
 
 # (BLOCK_N, BLOCK_W, num_warps): 0.45-0.5 SASS instructions per weight byte at M = 1, 0.86 at 2,
-# 1.4-1.6 at 4 (sm_90, triton 3.7.1); BLOCK_W = 8 reads 128 B of a row per iteration
-_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8)),
-           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4)),
-           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4))}
+# 1.4-1.6 at 4 (sm_90, triton 3.7.1); BLOCK_W = 8 / 16 / 32 reads 128 / 256 / 512 B of a row per
+# iteration (longer row runs made the W4A16 and W4A8 GEMVs faster on the H200)
+_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4), (32, 32, 4), (128, 16, 8)),
+           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (64, 16, 4)),
+           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (64, 16, 4))}
 
 
 def gemv8_configs(m: int, n: int, k: int, sms: int, asm: bool) -> list[dict]:
