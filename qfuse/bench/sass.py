@@ -1,0 +1,148 @@
+"""``qfuse bench sass``: static sm_90 SASS statistics of one decode-kernel config; no GPU needed.
+
+The decode kernels' docstrings and the dispatcher quote "SASS instructions per weight byte"
+(a decode GEMV on the H200 is issue-bound near ~8 of them per byte; BENCHMARKS.md). This
+reproduces such a figure on any machine with the installed Triton: the kernel is compiled for
+sm_90 (``triton.compile`` with an explicit signature; pointers and the integer arguments that
+are multiples of 16 on the usual shapes marked 16-divisible, as a real launch specializes them), disassembled with Triton's bundled ``nvdisasm``, and the hot loop is
+the longest region closed by a backward branch::
+
+    qfuse bench sass gemv_words --bits 4 --group 128 --config '{"BLOCK_N": 32, "BLOCK_W": 64, "num_warps": 4}'
+
+prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop's instruction
+count and opcode histogram, and instructions per weight byte = loop instructions x threads /
+weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16),
+``tiled_planes`` (W4A16), ``w4a8_gemv``, ``w8a8_gemv``. A static count: the real rate also
+depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def _spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict):
+    """``(jit function, signature, constexprs, weight bytes per loop iteration)`` of a config."""
+    ptrs = {"x_ptr": f"*{dtype}", "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
+            "ws_ptr": "*fp32", "count_ptr": "*i32"}
+    if kernel == "gemv_words":
+        from qfuse.ops.wna16_gemv_words import _wna16_gemv_words_kernel as fn
+
+        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+               "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32", "MAGIC_BITS": "i32", "CODE_MASK": "i32"}
+        consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"],
+                      VEC=4 if bits == 8 and cfg["BLOCK_W"] % 4 == 0 else 1)
+        return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
+    if kernel == "tiled_planes":
+        from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel as fn
+
+        halves = cfg.get("PLANES", 2) == 4
+        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i16" if halves else "*u8", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+               "M": "i32", "N": "i32", "K": "i32", "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
+        consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), EVEN_K=True,
+                      BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=8,
+                      SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALVES=halves, ASM=True, DOT_F32=False)
+        return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_K"] // 2
+    int8 = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32"}
+    if kernel == "w4a8_gemv":
+        from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel as fn
+
+        sig = {**int8, "gs_ptr": "*i8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32",
+               "M": "i32", "N": "i32", "KW4": "i32", "W_PER_SPLIT": "i32", "G": "i32"}
+        consts = dict(GROUPED=group == 128)
+    elif kernel == "w8a8_gemv":
+        from qfuse.ops.w8a8_gemv import _w8a8_gemv_kernel as fn
+
+        sig = {**int8, "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32",
+               "M": "i32", "N": "i32", "KW4": "i32", "W_PER_SPLIT": "i32"}
+        consts = {}
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}")
+    consts.update(X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=cfg.get("BLOCK_M", 1), BLOCK_N=cfg["BLOCK_N"],
+                  BLOCK_W=cfg["BLOCK_W"], SPLIT=cfg.get("SPLIT_K", 1) > 1, DP4A_ASM=True, PREFETCH=bool(cfg.get("PREFETCH", 0)))
+    return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 16  # 4 words of 4 bytes per column
+
+
+def hot_loop(sass: str) -> list[str]:
+    """Instructions of the longest region that ends in a branch back to a label above it."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*\.L_x_(\d+):", line))}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?\.L_x_(\d+)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], i)
+    return [line for line in lines[best[0]:best[1] + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+
+
+def opcode(line: str) -> str:
+    return re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
+    p.add_argument("kernel", help="gemv_words, tiled_planes, w4a8_gemv or w8a8_gemv")
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
+    p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
+    p.add_argument("--zeros", action="store_true", help="with zero points (wna16)")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--config", default="{}", help="JSON kernel config (BLOCK_N, BLOCK_W / BLOCK_K, num_warps, ...)")
+    args = p.parse_args(argv)
+    defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+                "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
+    try:
+        if args.kernel not in defaults:
+            raise ValueError(f"unknown kernel {args.kernel!r}; choose from {', '.join(defaults)}")
+        cfg = {**defaults[args.kernel], **json.loads(args.config)}
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        print(f"qfuse bench sass: {e}", file=sys.stderr)
+        return 2
+    if os.environ.get("TRITON_INTERPRET") == "1":  # interpreted kernels cannot be compiled: rerun without it
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, "-m", "qfuse.cli", "bench", "sass", *(sys.argv[3:] if argv is None else argv)], env=env).returncode
+    try:
+        fn, sig, consts, loop_bytes = _spec(args.kernel, args.bits, args.group, args.zeros, args.dtype, cfg)
+    except KeyError as e:
+        print(f"qfuse bench sass: config {cfg} lacks {e}", file=sys.stderr)
+        return 2
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    warps = cfg.get("num_warps", 4)
+    # what a launch on the usual shapes specializes: pointers, and integers that are multiples of
+    # 16 (N, K, strides, ...) unless the kernel opts out (do_not_specialize); M, split counts and
+    # masks typically are not
+    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK"} | {q.name for q in fn.params if q.do_not_specialize}
+    aligned = [i for i, name in enumerate(sig) if name not in unaligned]
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": cfg.get("num_stages", 3)})
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    loop = hot_loop(sass)
+    ops = collections.Counter(opcode(line) for line in loop)
+    print(f"{args.kernel} {args.bits}-bit group {args.group}{' zeros' if args.zeros else ''} {args.dtype} {cfg}  (triton {triton.__version__}, sm_90)")
+    print(f"registers {regs.group(1) if regs else '?'}  stack {stack.group(1) if stack else '?'} B  loop {len(loop)} instructions")
+    print(f"instructions per weight byte {len(loop) * warps * 32 / loop_bytes:.2f}")
+    print("opcodes: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(10)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
