@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import m_bucket, pick_config
+from ._autotune import experimental_kernels, m_bucket, pick_config
 from .wna16_gemv_words import wna16_gemv_words, words_supported
 from .wna16_tiled_words import tiled_words_supported
 
@@ -80,6 +80,15 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         for bn, bw, warps in shapes:
             for sp in (8, 4, 2, 1):
                 cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
+        # Opt-in (is_experimental): a register cap for more resident warps. ncu on the H200 put the
+        # shipped 28672x4096 4-bit config at 95 registers, 5 blocks of 4 warps per SM and 0.69
+        # issued warps per scheduler cycle (BENCHMARKS.md); `qfuse bench sass` with triton 3.6:
+        # maxnreg 80 -> 80 registers, no spills, +2 % loop instructions (6 blocks per SM);
+        # 64 -> 72 B of spills, +8 %. Not yet timed on the GPU.
+        for bn, bw, warps in shapes[:5]:
+            for cap in (80, 64):
+                for sp in (4, 1):
+                    cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps, "MAXNREG": cap})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):
@@ -175,6 +184,19 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
     raise ValueError(f"qfuse.{OP}: unknown kernel family {kind!r} in config {cfg}")
 
 
+def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132) -> list[dict]:
+    """The candidates the op may pick from: opt-in configs (:func:`is_experimental`) only with
+    ``QFUSE_EXPERIMENTAL_KERNELS=1``."""
+    cands = candidate_configs(m, n, k, bits, group_size, sms)
+    return cands if experimental_kernels() else [c for c in cands if not is_experimental(c)]
+
+
+def is_experimental(cfg: dict) -> bool:
+    """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``) until timed and gridded on a GPU:
+    the word GEMV with a register cap (``MAXNREG``)."""
+    return "MAXNREG" in cfg
+
+
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:
     return (m_bucket(m), n, k, group_size, str(dtype).removeprefix("torch."), bits)
 
@@ -183,7 +205,7 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     """Pick the config for this shape (cache / shipped defaults / one measurement) and run it."""
     m, k = x.shape
     n = qweight.shape[0]
-    cands = candidate_configs(m, n, k, bits, group_size, _sm_count(x.device))
+    cands = usable_configs(m, n, k, bits, group_size, _sm_count(x.device))
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

@@ -154,7 +154,8 @@ def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> boo
 
 
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
-    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps} (arguments already checked)."""
+    """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
+    register cap per thread, CUDA only)} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
@@ -177,10 +178,11 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     vec = 4 if bits == 8 and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
     out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
+    cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     _wna16_gemv_words_kernel[grid](
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2), **cap,
     )  # fmt: skip
     return out

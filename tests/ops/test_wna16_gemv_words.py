@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qfuse.ops.wna16_dispatch import candidate_configs, run_config
+from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
 from qfuse.ops.wna16_gemv_words import wna16_gemv_words, words_supported
 from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, make_problem
 
@@ -112,14 +112,27 @@ def test_tolerance_catches_a_code_order_swap(bits):
 @pytest.mark.parametrize("bits,group_size", [(4, 128), (4, -1), (8, 128), (8, -1), (8, 64), (8, 32)])
 def test_dispatcher_offers_and_runs_gemv_words(bits, group_size):
     # tiles of 8-32 words per thread; BLOCK_W = 64 spans 4 groups of 128 (4-bit) or 8 of 32 (8-bit)
-    cands = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
+    every = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
+    cands = [c for c in every if not is_experimental(c)]
     assert len(cands) == (36 if bits == 4 else 28) and {c["BLOCK_W"] for c in cands} == ({16, 32, 64, 128} if bits == 4 else {32, 64, 128})
+    assert len(every) - len(cands) == 20 and all(c["MAXNREG"] in (64, 80) for c in every if c not in cands)
     assert all(8 <= c["BLOCK_N"] * c["BLOCK_W"] // (32 * c["num_warps"]) <= 32 for c in cands)  # words per thread and tile
     assert candidate_configs(1, 4096, 4096, bits, group_size)[0]["kernel"] == "gemv_words"
     x, qw, s, z, b = make_problem(2, 40, 512, bits, group_size, torch.bfloat16, asym=True, bias=True)
     wide = next(c for c in cands if c["SPLIT_K"] == 2 and c["BLOCK_W"] == 64)  # as offered: BLOCK_N > N wraps rows
     for cfg in (cands[0], wide):
         assert_close_to_ref(run_config(cfg, x, qw, s, z, b, bits, group_size), x, qw, s, z, b, bits, group_size)
+
+
+def test_register_cap_configs_are_opt_in(monkeypatch):
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    assert not any(is_experimental(c) for c in usable_configs(1, 4096, 4096, 4, 128))
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    capped = [c for c in usable_configs(1, 4096, 4096, 4, 128) if is_experimental(c)]
+    assert capped
+    # the cap is a ptxas option: on the interpreter the config runs as without it
+    x, qw, s, z, b = make_problem(1, 40, 512, 4, 128, torch.bfloat16, asym=True, bias=True)
+    assert_close_to_ref(run_config(capped[0], x, qw, s, z, b, 4, 128), x, qw, s, z, b, 4, 128)
 
 
 @pytest.mark.parametrize("bits,group_size,block_w", [(4, 32, 16), (4, 64, 64), (8, 64, 64), (8, 128, 64)])
