@@ -43,10 +43,16 @@ def m_bucket(m: int) -> int:
     return b
 
 
+_device_names: dict[int, str] = {}
+
+
 def device_name(device: torch.device | None = None) -> str:
     if device is None or device.type != "cuda":
         return "cpu"
-    return torch.cuda.get_device_name(device).replace(" ", "_")
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _device_names:
+        _device_names[idx] = torch.cuda.get_device_name(idx).replace(" ", "_")
+    return _device_names[idx]
 
 
 def cache_path() -> Path:
@@ -128,20 +134,29 @@ def graph_time_ms(calls: Sequence[Callable[[], object]], replays: int = 5, warmu
     return statistics.median(times)
 
 
-def pick_config(op: str, key: tuple, candidates: list[dict], run: Callable[[dict], object], device: torch.device) -> dict:
-    """Return the config to use for ``(op, key)`` on ``device``; ``run(cfg)`` launches the kernel once."""
+def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[dict]], run: Callable[[dict], object],
+                device: torch.device) -> dict:
+    """Return the config to use for ``(op, key)`` on ``device``; ``run(cfg)`` launches the kernel once.
+
+    ``candidates`` may be a function returning the list: it is then called only when no cached or
+    shipped config exists. Building a launcher's list costs 15-70 us of Python (60 dicts for a
+    W4A16 decode key), which a cached call then no longer pays.
+    """
+    gpu = device_name(device)
+    entry_key = _key_str(op, (gpu, *key))
+    with _lock:
+        if entry_key not in _memory:
+            _load(cache_path())
+            _load(_TUNED_DIR / f"{op}.{gpu}.json")
+        hit = _memory.get(entry_key)
+    if hit is not None:
+        return hit
+    if callable(candidates):
+        candidates = candidates()
     if not candidates:
         raise ValueError(f"pick_config({op}): no candidate configs")
     if len(candidates) == 1:
         return candidates[0]
-    entry_key = _key_str(op, (device_name(device), *key))
-    with _lock:
-        if entry_key not in _memory:
-            _load(cache_path())
-            _load(_TUNED_DIR / f"{op}.{device_name(device)}.json")
-        hit = _memory.get(entry_key)
-    if hit is not None:
-        return hit
     if _capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda":
         return candidates[0]
     best, best_ms = candidates[0], float("inf")

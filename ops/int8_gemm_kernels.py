@@ -371,9 +371,11 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     n = w.shape[0]
     key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
     on_gpu = xq.device.type == "cuda"
-    cands = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
-    if not experimental_kernels():  # opt-in families: see is_experimental
-        cands = [c for c in cands if not is_experimental(c)]
+
+    def cands() -> list[dict]:  # built only on a cache miss (pick_config)
+        out = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
+        return out if experimental_kernels() else [c for c in out if not is_experimental(c)]  # opt-in: see is_experimental
+
     cfg = pick_config(op, key, cands,
                       lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
                       xq.device)

@@ -1,0 +1,56 @@
+"""ops/_autotune.py: config lookup order, lazy candidate lists, M buckets (no GPU needed: on a
+CPU device a cache miss returns the heuristic first candidate without measuring)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from qfuse.ops import _autotune
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(_autotune, "_memory", {})
+    monkeypatch.setattr(_autotune, "_loaded_files", set())
+    monkeypatch.setattr(_autotune, "_TUNED_DIR", tmp_path / "tuned")
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "user.json"))
+    return tmp_path
+
+
+def _never_run(cfg):
+    raise AssertionError("a CPU lookup must not launch anything")
+
+
+def test_m_bucket():
+    assert [_autotune.m_bucket(m) for m in (1, 2, 3, 7, 16, 33, 8192, 20000)] == [1, 2, 4, 8, 16, 64, 8192, 8192]
+
+
+def test_shipped_config_skips_building_candidates(fresh_cache):
+    (fresh_cache / "tuned").mkdir()
+    (fresh_cache / "tuned" / "op.cpu.json").write_text(json.dumps({"op|cpu|1|64": {"BLOCK": 32}}))
+    built = []
+
+    def candidates():
+        built.append(1)
+        return [{"BLOCK": 16}, {"BLOCK": 32}]
+
+    cpu = torch.device("cpu")
+    assert _autotune.pick_config("op", (1, 64), candidates, _never_run, cpu) == {"BLOCK": 32}
+    assert not built  # the list is only built on a cache miss
+    assert _autotune.pick_config("op", (2, 64), candidates, _never_run, cpu) == {"BLOCK": 16}  # miss: heuristic first
+    assert built == [1]
+
+
+def test_user_cache_wins_over_shipped_defaults(fresh_cache):
+    (fresh_cache / "tuned").mkdir()
+    (fresh_cache / "tuned" / "op.cpu.json").write_text(json.dumps({"op|cpu|1|64": {"BLOCK": 32}}))
+    (fresh_cache / "user.json").write_text(json.dumps({"op|cpu|1|64": {"BLOCK": 64}}))
+    assert _autotune.pick_config("op", (1, 64), [{"BLOCK": 16}, {"BLOCK": 32}], _never_run, torch.device("cpu")) == {"BLOCK": 64}
+
+
+def test_empty_candidate_list_is_an_error(fresh_cache):
+    with pytest.raises(ValueError, match="no candidate configs"):
+        _autotune.pick_config("op", (1,), lambda: [], _never_run, torch.device("cpu"))
