@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     aligned = [i for i, name in enumerate(sig) if name not in unaligned]
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": cfg.get("num_stages", 3)})
+    options = {"num_warps": warps, "num_stages": cfg.get("num_stages", 3)}
+    if "MAXNREG" in cfg:  # the word GEMV's opt-in register cap (ops/wna16_dispatch.py)
+        options["maxnreg"] = cfg["MAXNREG"]
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
