@@ -108,6 +108,23 @@ def store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, off
 
 
 @triton.jit
+def store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, tile, pid_k, M, N, G,
+              GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K):
+    """The GEMVs' epilogue for the float32 ``res [BLOCK_N]`` of activation row ``m``: the
+    per-channel scale (``GROUP == -1``), then either bias and the store in the output dtype, or
+    with split-K :func:`finish_split` on counter ``tile`` (SPLIT_K may be a runtime value)."""
+    if GROUP == -1:
+        res = res * tl.load(s_ptr + rn * G).to(tl.float32)
+    mask = offs_n < N
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + rn).to(tl.float32)
+        tl.store(out_ptr + m * N + offs_n, res.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        finish_split(res, m * N + offs_n, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, tile, pid_k, M * N, SPLIT_K, HAS_BIAS)
+
+
+@triton.jit
 def finish_split(part, idx, mask, bias_ptrs, ws_ptr, count_ptr, out_ptr, tile, pid_k, MN, SPLIT_K, HAS_BIAS: tl.constexpr):
     """Single-launch deterministic split-K: store this split's float32 ``part`` (output
     elements ``idx``) in ``ws[pid_k]``; the split that arrives last at the tile's counter sums

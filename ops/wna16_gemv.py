@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, finish_split, load_codes, output_buffers, zero_plus_magic
+from ._wna16_common import codes_minus_zero, load_codes, output_buffers, store_row, zero_plus_magic
 from .wna16_tiled import k_plan
 
 
@@ -59,16 +59,7 @@ def _wna16_gemv_kernel(
             w = w * s[:, None]
         acc += w * xt[None, :]
 
-    res = tl.sum(acc, axis=1)
-    if GROUP == -1:
-        res = res * tl.load(s_ptr + rn * G).to(tl.float32)
-    mask = offs_n < N
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            res += tl.load(bias_ptr + rn).to(tl.float32)
-        tl.store(out_ptr + m * N + offs_n, res.to(x_ptr.dtype.element_ty), mask=mask)
-    else:
-        finish_split(res, m * N + offs_n, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, pid, pid_k, M * N, SPLIT_K, HAS_BIAS)
+    store_row(tl.sum(acc, axis=1), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, pid, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import finish_split, output_buffers
+from ._wna16_common import output_buffers, store_row
 
 
 # KW / W_PER_SPLIT unspecialized: when Triton may assume 16-divisible row lengths it gives
@@ -130,17 +130,8 @@ def _wna16_gemv_words_kernel(
         else:
             acc = t
 
-    res = tl.sum(tl.sum(acc, axis=2), axis=1)
-    if GROUP <= 0:
-        res = res * tl.load(s_ptr + rn * G).to(tl.float32)
-    mask = offs_n < N
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            res += tl.load(bias_ptr + rn).to(tl.float32)
-        tl.store(out_ptr + m * N + offs_n, res.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tile = pid_n + m * tl.num_programs(0)
-        finish_split(res, m * N + offs_n, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, tile, pid_k, M * N, SPLIT_K, HAS_BIAS)
+    store_row(tl.sum(tl.sum(acc, axis=2), axis=1), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m,
+              pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
