@@ -104,6 +104,12 @@ def experimental_kernels() -> bool:
     return os.environ.get("QFUSE_EXPERIMENTAL_KERNELS", "0") == "1"
 
 
+def offered(candidates: list[dict], is_experimental: Callable[[dict], bool]) -> list[dict]:
+    """The candidates an op may pick from: those ``is_experimental`` marks only with
+    ``QFUSE_EXPERIMENTAL_KERNELS=1`` (:func:`experimental_kernels`)."""
+    return candidates if experimental_kernels() else [c for c in candidates if not is_experimental(c)]
+
+
 def graph_time_ms(calls: Sequence[Callable[[], object]], replays: int = 5, warmup: int = 1) -> float:
     """Median milliseconds per call: ``calls`` (run in order) captured in one CUDA graph and
     replayed, so no launch overhead is in the figure. The calls run once on the capture

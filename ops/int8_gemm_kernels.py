@@ -365,16 +365,16 @@ def is_experimental(config: dict) -> bool:
 
 def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, group_size: int = -1):
     """Pick a config (ops/_autotune.py: cache, shipped defaults, or a measurement) and run."""
-    from ._autotune import experimental_kernels, m_bucket, pick_config
+    from ._autotune import m_bucket, offered, pick_config
 
     m, k = xq.shape
     n = w.shape[0]
     key = (m_bucket(m), n, k) if not w4 else (m_bucket(m), n, k, group_size)
     on_gpu = xq.device.type == "cuda"
 
-    def cands() -> list[dict]:  # built only on a cache miss (pick_config)
-        out = candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
-        return out if experimental_kernels() else [c for c in out if not is_experimental(c)]  # opt-in: see is_experimental
+    def cands() -> list[dict]:  # built only on a cache miss (pick_config); opt-in families: see is_experimental
+        return offered(candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu),
+                       is_experimental)
 
     cfg = pick_config(op, key, cands,
                       lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import experimental_kernels, m_bucket, pick_config
+from ._autotune import m_bucket, offered, pick_config
 from .wna16_gemv_words import wna16_gemv_words, words_supported
 from .wna16_tiled_words import tiled_words_supported
 
@@ -187,8 +187,7 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
 def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132) -> list[dict]:
     """The candidates the op may pick from: opt-in configs (:func:`is_experimental`) only with
     ``QFUSE_EXPERIMENTAL_KERNELS=1``."""
-    cands = candidate_configs(m, n, k, bits, group_size, sms)
-    return cands if experimental_kernels() else [c for c in cands if not is_experimental(c)]
+    return offered(candidate_configs(m, n, k, bits, group_size, sms), is_experimental)
 
 
 def is_experimental(cfg: dict) -> bool:
