@@ -92,8 +92,8 @@ def _wna16_gemv_words_kernel(
         sg = rn[:, None] * G + tl.arange(0, NG)[None, :]  # [BLOCK_N, NG]: + the tile's first group
 
     if HAS_ZEROS:
-        if GROUP > 0:  # loaded per tile in the loop; the same shape before it
-            z = tl.load(z_ptr + sg + (w_start * CPW) // GROUP).to(tl.float32)
+        if GROUP > 0:  # loaded per tile in the loop: here only its shape
+            z = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
         else:
             z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
     else:
