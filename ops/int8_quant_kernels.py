@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._exact_triton import interpreting, next_power_of_2, per_token_scale, quantize_int8
+from ._exact_triton import interpreting, next_power_of_2, per_token_scale, quantize_int8, quantize_int8_row
 
 # Rows up to this many elements stay in registers: 32768 fp32 over 32 warps is
 # 32 values a thread. Longer rows are processed in LOOP_BLOCK chunks.
@@ -65,7 +65,7 @@ def _quant_per_token_kernel(x_ptr, q_ptr, scale_ptr, H, BLOCK: tl.constexpr, SIN
         mask = offs < H
         v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
         scale = per_token_scale(tl.max(tl.abs(v), axis=0))
-        tl.store(q_row + offs, quantize_int8(v, scale, INTERPRET), mask=mask)
+        tl.store(q_row + offs, quantize_int8_row(v, scale, INTERPRET), mask=mask)
     else:
         amax_acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, H, BLOCK):
@@ -76,7 +76,7 @@ def _quant_per_token_kernel(x_ptr, q_ptr, scale_ptr, H, BLOCK: tl.constexpr, SIN
         for start in range(0, H, BLOCK):
             mask = start + offs < H
             v = tl.load(x_row + start + offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(q_row + start + offs, quantize_int8(v, scale, INTERPRET), mask=mask)
+            tl.store(q_row + start + offs, quantize_int8_row(v, scale, INTERPRET), mask=mask)
     tl.store(scale_ptr + row, scale)
 
 

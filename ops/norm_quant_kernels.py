@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._exact_triton import div_rn, interpreting, per_token_scale, quantize_int8, to_act_dtype
+from ._exact_triton import div_rn, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
 from .int8_quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
 # Every kernel views a row chunk as a [BLOCK // 8, 8] tile. Why: the float sum of
@@ -106,7 +106,7 @@ def _rms_norm_kernel(
         if QUANT:
             of = o.to(tl.float32)
             scale = per_token_scale(tl.max(tl.max(tl.abs(of), axis=1), axis=0))
-            tl.store(q_ptr + base + offs, quantize_int8(of, scale, INTERPRET), mask=mask)
+            tl.store(q_ptr + base + offs, quantize_int8_row(of, scale, INTERPRET), mask=mask)
             tl.store(scale_ptr + tl.program_id(0), scale)
         else:
             tl.store(out_ptr + base + offs, o, mask=mask)
@@ -135,7 +135,7 @@ def _rms_norm_kernel(
                 mask = idx < H
                 sf = _load_s(x_ptr + base, res_ptr + base, idx, mask, HAS_RESIDUAL, DTYPE, INTERPRET).to(tl.float32)
                 o = _normalize(sf, inv, w_ptr, idx, mask, DTYPE, INTERPRET)
-                tl.store(q_ptr + base + idx, quantize_int8(o.to(tl.float32), scale, INTERPRET), mask=mask)
+                tl.store(q_ptr + base + idx, quantize_int8_row(o.to(tl.float32), scale, INTERPRET), mask=mask)
             tl.store(scale_ptr + tl.program_id(0), scale)
         else:
             for start in range(0, H, BLOCK):
