@@ -18,7 +18,10 @@ that bit of a rounding boundary (the tests measure how often).
 
 Rows longer than ``MAX_ROW_BLOCK`` are walked twice in chunks (amax, then quantize),
 recomputing ``h`` in the second pass; the CUDA op may also pick that walk for shorter
-rows (``quant_candidates``: the codes do not depend on the config).
+rows, or split each row over many programs in two launches (``SPLIT_ROW``: chunk ``h`` and
+chunk maxima, then the row's scale from the maxima and the chunk's codes), which puts a
+decode batch's few rows on many SMs (``quant_candidates``: the codes do not depend on the
+config).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8, to_act_dtype
+from ._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
 from ._autotune import m_bucket, pick_config
 from .int8_quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
@@ -54,7 +57,7 @@ def _silu_and_mul_kernel(
         if QUANT:
             hf = h.to(tl.float32)
             scale = per_token_scale(tl.max(tl.abs(hf), axis=0))
-            tl.store(q_ptr + base + offs, quantize_int8(hf, scale, INTERPRET), mask=mask)
+            tl.store(q_ptr + base + offs, quantize_int8_row(hf, scale, INTERPRET), mask=mask)
             tl.store(scale_ptr + tl.program_id(0), scale)
         else:
             tl.store(out_ptr + base + offs, h, mask=mask)
@@ -69,13 +72,41 @@ def _silu_and_mul_kernel(
             idx = start + offs
             mask = idx < H
             hf = _silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET).to(tl.float32)
-            tl.store(q_ptr + base + idx, quantize_int8(hf, scale, INTERPRET), mask=mask)
+            tl.store(q_ptr + base + idx, quantize_int8_row(hf, scale, INTERPRET), mask=mask)
         tl.store(scale_ptr + tl.program_id(0), scale)
     else:
         for start in range(0, H, BLOCK):
             idx = start + offs
             mask = idx < H
             tl.store(out_ptr + base + idx, _silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET), mask=mask)
+
+
+@triton.jit
+def _silu_mul_chunk_kernel(g_ptr, u_ptr, h_ptr, amax_ptr, H, S, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    """Split-row pass 1, program (row, s): ``h`` of chunk s (stored in the input dtype) and its amax."""
+    DTYPE: tl.constexpr = g_ptr.dtype.element_ty
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < H
+    h = _silu_mul(g_ptr + row * H, u_ptr + row * H, idx, mask, DTYPE, INTERPRET)  # 0 past H
+    tl.store(h_ptr + row * H + idx, h, mask=mask)
+    tl.store(amax_ptr + row * S + tl.program_id(1), tl.max(tl.abs(h.to(tl.float32)), axis=0))
+
+
+@triton.jit
+def _quant_chunk_kernel(h_ptr, amax_ptr, q_ptr, scale_ptr, H, S, BLOCK: tl.constexpr, S_BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    """Split-row pass 2, program (row, s): the row's scale from its S chunk maxima (max is exact
+    in any order), then chunk s quantized."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, S_BLOCK)
+    amax = tl.max(tl.load(amax_ptr + row * S + offs_s, mask=offs_s < S, other=0.0), axis=0)
+    scale = per_token_scale(amax)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < H
+    hf = tl.load(h_ptr + row * H + idx, mask=mask, other=0.0).to(tl.float32)
+    tl.store(q_ptr + row * H + idx, quantize_int8_row(hf, scale, INTERPRET), mask=mask)
+    if tl.program_id(1) == 0:
+        tl.store(scale_ptr + row, scale)
 
 
 def quant_candidates(h: int) -> list[dict]:
@@ -90,11 +121,24 @@ def quant_candidates(h: int) -> list[dict]:
         cands.append({**first, "num_warps": first["num_warps"] * 2})
     if h > 2048:
         cands.append({"BLOCK": 2048, "SINGLE": False, "num_warps": 4})
+    # split rows (two launches, chunks of one row on many SMs): at decode M the one-program-per-row
+    # kernel leaves all but M SMs idle; H = 14336, M = 1 took 5.8 us on one SM (BENCHMARKS.md)
+    if h > 2048:
+        cands += [{"BLOCK": b, "SPLIT_ROW": True, "num_warps": 4} for b in (1024, 2048)]
     return cands
 
 
 def _run(gate, up, out, xq, scale, m, h, quant, cfg):
     dummy = gate  # stands in for pointers a variant never touches
+    if cfg.get("SPLIT_ROW"):  # a quant_candidates config: the fused op only
+        assert quant, cfg
+        chunks = triton.cdiv(h, cfg["BLOCK"])
+        hbuf = torch.empty((m, h), dtype=gate.dtype, device=gate.device)
+        amax = torch.empty((m, chunks), dtype=torch.float32, device=gate.device)
+        _silu_mul_chunk_kernel[(m, chunks)](gate, up, hbuf, amax, h, chunks, BLOCK=cfg["BLOCK"], INTERPRET=interpreting(), num_warps=cfg["num_warps"])
+        _quant_chunk_kernel[(m, chunks)](hbuf, amax, xq, scale, h, chunks, BLOCK=cfg["BLOCK"], S_BLOCK=max(2, triton.next_power_of_2(chunks)),
+                                         INTERPRET=interpreting(), num_warps=cfg["num_warps"])  # fmt: skip
+        return
     _silu_and_mul_kernel[(m,)](
         gate, up, out if out is not None else dummy, xq if xq is not None else dummy,
         scale if scale is not None else dummy, h,

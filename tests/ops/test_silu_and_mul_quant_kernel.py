@@ -63,7 +63,8 @@ def test_kernel_every_tuning_candidate_gives_the_same_codes():
 
     gate, up = _inputs((2, 4100), torch.float16)
     cands = quant_candidates(4100)
-    assert len(cands) == 3 and cands[0]["SINGLE"] and not cands[-1]["SINGLE"]
+    assert len(cands) == 5 and cands[0]["SINGLE"] and not cands[2]["SINGLE"]
+    assert [c["BLOCK"] for c in cands if c.get("SPLIT_ROW")] == [1024, 2048]  # 5 and 3 chunks of 4100
     ref = silu_and_mul_quant_triton(gate, up)
     for cfg in cands:
         q, s = torch.empty_like(gate, dtype=torch.int8), torch.empty(2, 1)
@@ -136,6 +137,20 @@ def test_gpu_grid(m, h, dtype):
 @pytest.mark.parametrize("m", (1, 7, 256))
 def test_gpu_long_rows(m, h, dtype):
     _gpu_check(m, h, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+@pytest.mark.parametrize("m,h", [(1, 14336), (16, 14336), (7, 4097), (256, 4096)])
+def test_gpu_every_tuning_candidate(m, h, dtype):
+    from qfuse.ops.silu_quant_kernels import _run, quant_candidates
+
+    gate, up = _inputs((m, h), dtype, "cuda")
+    qr, sr = silu_and_mul_quant_ref(gate, up)
+    for cfg in quant_candidates(h):
+        q, s = torch.empty_like(gate, dtype=torch.int8), torch.empty(m, 1, device="cuda")
+        _run(gate, up, None, q, s, m, h, True, cfg)
+        assert torch.equal(q, qr) and torch.equal(s, sr), cfg
 
 
 @pytest.mark.gpu
