@@ -31,7 +31,8 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
 * **Split-K** (SPLIT_K > 1 in the config, for decode shapes with too few output tiles for 132 SMs):
   each split adds its exact int32 partial into a zeroed int32 workspace with
   ``atomic_add``; the program that bumps the tile's counter last reads the complete
-  int32 sum and runs the float epilogue. Integer addition is associative, so the
+  int32 sum, zeroes the sums and the counter again (the workspace is persistent,
+  ``zeroed_int32``: no memset per call) and runs the float epilogue. Integer addition is associative, so the
   result is bit-identical to SPLIT_K = 1 whatever order the splits land in.
   |acc| <= K * 2**14 holds for every partial and for the sum, so int32 is exact for
   K <= 131071 (the ops' MAX_K); at K = 131072, all-(-128) x all-(-128) gives 2**31, one past int32.
@@ -63,6 +64,8 @@ import functools
 
 import triton
 import triton.language as tl
+
+from ._wna16_common import zeroed_int32
 
 
 @triton.jit(do_not_specialize=["M"])  # M = 1 would otherwise compile its own copy of every config
@@ -163,6 +166,11 @@ def _int8_gemm_kernel(
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
         if arrived == split_k - 1:
             acc = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")  # L2, not a stale L1 line
+            # every thread has read its sums before any is zeroed: the zeros' store may take another
+            # thread-to-element layout than the load (without the barrier the GPU tests saw wrong sums)
+            tl.debug_barrier()
+            tl.store(ws_ptrs, tl.zeros_like(acc), mask=mask)  # the persistent workspace stays zero
+            tl.store(count_ptr + tile, 0)
             _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
                       X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     else:
@@ -336,7 +344,7 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     gs_partial = bool(cfg.pop("GS_PARTIAL", 0))
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
-        buf = torch.zeros(m * n + tiles, dtype=torch.int32, device=xq.device)  # partial sums + arrival counters
+        buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched when SPLIT_K == 1

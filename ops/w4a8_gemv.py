@@ -32,8 +32,9 @@ issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never un
 Every partial is an exact integer in int32: per tile lane |t_lo| <= 16 * 15 * 128 and
 |t_hi| <= 16 * 240 * 128; per-channel running sums are bounded by 1920 * K (sum u * x) and
 1024 * K (sum 8 * x), group 128 by the op's |acc| <= K * 2**14, all < 2**31 for K <= MAX_K.
-Split-K adds exact int32 partials (atomics, any order) and the last split runs the float
-epilogue, as the tensor-core kernel, so the output is bit-identical to the reference.
+Split-K adds exact int32 partials (atomics, any order) into a persistent zeroed workspace and
+the last split re-zeroes it and runs the float epilogue, as the tensor-core kernel, so the
+output is bit-identical to the reference.
 
 ``DP4A_ASM`` (GPU): ``dp4a`` and the byte permute as inline PTX (``dp4a.u32.s32``,
 ``prmt.b32``); the interpreter path spells the same functions in shifts and masks.
@@ -45,6 +46,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._autotune import split_k_choices
+from ._wna16_common import zeroed_int32
 from .int8_gemm_kernels import _epilogue
 
 _HI_MASK = tl.constexpr(-252645136)  # 0xF0F0F0F0 as an int32
@@ -156,6 +159,11 @@ def _finish(acc, sx, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, 
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")  # one counter per (weight tile, token)
         if arrived == split_k - 1:
             res = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")
+            # every thread has read its sums before any is zeroed: the zeros' store may take another
+            # thread-to-element layout than the load (without the barrier the GPU tests saw wrong sums)
+            tl.debug_barrier()
+            tl.store(ws_ptrs, tl.zeros_like(res), mask=mask)  # the persistent workspace stays zero
+            tl.store(counter, 0)
             _epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
                       X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     else:
@@ -275,7 +283,7 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     if split > 1:
         tiles = grid[0] * grid[2] * bm
-        buf = torch.zeros(m * n + tiles, dtype=torch.int32, device=xq.device)  # partial sums + arrival counters
+        buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched without split-K
@@ -311,7 +319,8 @@ _SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), 
 
 
 def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -> list[dict]:
-    """GEMV candidates for M <= 8 (token tiles of 1, 2 or 4), split-K up to >= 2 programs per SM."""
+    """GEMV candidates for M <= 8 (token tiles of 1, 2 or 4), each with the split-K factors of
+    :func:`split_k_choices` (1 to ~16 programs per SM; >= 2 tiles per split)."""
     if m > 8:
         return []
     bm = 1 if m == 1 else 2 if m == 2 else 4
@@ -322,9 +331,5 @@ def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -
         if not gemv_supported(k, group_size, cfg):
             continue
         programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
-        split = 1  # double while short of 2 programs per SM and each split keeps >= 4 tiles
-        while programs * split < 2 * sms and gemv_supported(k, group_size, dict(cfg, SPLIT_K=2 * split)) \
-                and k // 8 // (2 * split) >= 16 * bw and split < 16:
-            split *= 2
-        out += [dict(cfg, SPLIT_K=s) for s in dict.fromkeys((split, max(1, split // 2)))]
+        out += [dict(cfg, SPLIT_K=s) for s in split_k_choices(k // 8 // (4 * bw), programs, sms)]
     return out + [dict(c, PREFETCH=1) for c in out]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._wna16_common import zeroed_int32
 from .w4a8_gemv import _dp4a_s, _finish, _split4
 
 
@@ -120,7 +121,7 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
         raise ValueError(f"run_w8a8_gemv: config {config} cannot run K={k}")
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     if split > 1:
-        buf = torch.zeros(m * n + grid[0] * grid[2] * bm, dtype=torch.int32, device=xq.device)  # partials + counters
+        buf = zeroed_int32(xq.device, m * n + grid[0] * grid[2] * bm)  # partials + counters, left zeroed
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched without split-K
