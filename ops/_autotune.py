@@ -43,6 +43,20 @@ def m_bucket(m: int) -> int:
     return b
 
 
+def split_k_choices(k_tiles: int, programs: int, sms: int, min_tiles: int = 2) -> list[int]:
+    """Split-K factors worth timing for a decode grid of ``programs`` output tiles whose K is
+    ``k_tiles`` whole tiles: 1 and, for 1, 2, 4, 8 and 16 programs per SM, the divisor of
+    ``k_tiles`` (each split whole tiles, >= ``min_tiles`` of them) whose grid lands nearest.
+    Not only powers of two: K = 14336 is 7 * 2**11, so a power-of-two split of its 28 tiles of
+    64 words stops at 4 (an N = 4096 GEMV then fills 512 of the H200's ~660 resident slots)."""
+    divs = [s for s in range(1, k_tiles // min_tiles + 1) if k_tiles % s == 0] or [1]
+    picks = {1}
+    for per_sm in (1, 2, 4, 8, 16):
+        target = per_sm * sms
+        picks.add(min(divs, key=lambda s: max(programs * s, target) / min(programs * s, target)))
+    return sorted(picks, reverse=True)
+
+
 _device_names: dict[int, str] = {}
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import m_bucket, offered, pick_config
-from .wna16_gemv_words import wna16_gemv_words, words_supported
+from ._autotune import m_bucket, offered, pick_config, split_k_choices
+from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from .wna16_tiled_words import tiled_words_supported
 
 OP = "wna16_gemm"
@@ -78,7 +78,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         shapes = ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8), (16, 128, 4), (32, 128, 8)) if bits == 4 else \
                  ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8), (32, 128, 8))
         for bn, bw, warps in shapes:
-            for sp in (8, 4, 2, 1):
+            for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), _cdiv(n, bn) * m, sms):
                 cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
         # Opt-in (is_experimental): a register cap for more resident warps. ncu on the H200 put the
         # shipped 28672x4096 4-bit config at 95 registers, 5 blocks of 4 warps per SM and 0.69

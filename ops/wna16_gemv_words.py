@@ -144,6 +144,19 @@ def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> boo
     return k % codes == 0 and (group_size <= 0 or group_size % codes == 0)
 
 
+def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
+    """The words per row a tile of config width ``block_w`` really covers: a tile spans whole
+    groups or lies inside one, and divides the row (per-channel K that is a multiple of the
+    minimum tile but not of BLOCK_W, e.g. 576)."""
+    cpw = 32 // bits
+    kw = k // cpw
+    if group_size > 0 and block_w * cpw > group_size and (block_w * cpw) % group_size:
+        block_w = group_size // cpw
+    while kw % block_w:
+        block_w //= 2
+    return block_w
+
+
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only)} (arguments already checked)."""
@@ -157,14 +170,10 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
     words = qweight.view(torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
-    block_w = cfg["BLOCK_W"]
-    if group_size > 0 and block_w * cpw > group_size and (block_w * cpw) % group_size:
-        block_w = group_size // cpw  # a tile spans whole groups or lies inside one
-    while kw % block_w:  # per-channel K that is a multiple of the minimum tile but not of BLOCK_W (e.g. 576)
-        block_w //= 2
+    block_w = tile_words(k, bits, group_size, cfg["BLOCK_W"])
     split_k = cfg.get("SPLIT_K", 1)
-    while split_k > 1 and kw % (split_k * block_w):
-        split_k //= 2
+    while split_k > 1 and kw % (split_k * block_w):  # whole tiles per split
+        split_k -= 1
     w_per_split = kw // split_k
     vec = 4 if bits == 8 and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
-from qfuse.ops.wna16_gemv_words import wna16_gemv_words, words_supported
+from qfuse.ops.wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, make_problem
 
 # 64 codes per tile (4-bit: 8 words, 8-bit: 16 words), so K = 256 splits into 4 whole tiles
@@ -114,7 +114,13 @@ def test_dispatcher_offers_and_runs_gemv_words(bits, group_size):
     # tiles of 8-32 words per thread; BLOCK_W = 64 spans 4 groups of 128 (4-bit) or 8 of 32 (8-bit)
     every = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
     cands = [c for c in every if not is_experimental(c)]
-    assert len(cands) == (36 if bits == 4 else 28) and {c["BLOCK_W"] for c in cands} == ({16, 32, 64, 128} if bits == 4 else {32, 64, 128})
+    assert {c["BLOCK_W"] for c in cands} == ({16, 32, 64, 128} if bits == 4 else {32, 64, 128})
+    shapes = {(c["BLOCK_N"], c["BLOCK_W"], c["num_warps"]) for c in cands}
+    assert len(shapes) == (9 if bits == 4 else 7)
+    for bn, bw, warps in shapes:  # split-K: 1 and divisors of the row's tiles, >= 2 tiles per split
+        splits = {c["SPLIT_K"] for c in cands if (c["BLOCK_N"], c["BLOCK_W"], c["num_warps"]) == (bn, bw, warps)}
+        tiles = 4096 * bits // 32 // tile_words(4096, bits, group_size, bw)
+        assert 1 in splits and len(splits) >= 2 and all(tiles % sp == 0 and tiles // sp >= 2 for sp in splits)
     assert len(every) - len(cands) == 20 and all(c["MAXNREG"] in (64, 80) for c in every if c not in cands)
     assert all(8 <= c["BLOCK_N"] * c["BLOCK_W"] // (32 * c["num_warps"]) <= 32 for c in cands)  # words per thread and tile
     assert candidate_configs(1, 4096, 4096, bits, group_size)[0]["kernel"] == "gemv_words"
