@@ -54,3 +54,16 @@ def test_user_cache_wins_over_shipped_defaults(fresh_cache):
 def test_empty_candidate_list_is_an_error(fresh_cache):
     with pytest.raises(ValueError, match="no candidate configs"):
         _autotune.pick_config("op", (1,), lambda: [], _never_run, torch.device("cpu"))
+
+
+def test_split_k_choices():
+    from qfuse.ops._autotune import split_k_choices
+
+    # K = 14336, 4-bit, 64-word tiles: 28 tiles per row, 128 GEMV programs on 132 SMs
+    assert split_k_choices(28, 128, 132) == [14, 7, 4, 2, 1]
+    # enough programs already (28672 rows / 32): 1, and 2 for the 16-per-SM target
+    assert split_k_choices(32, 896, 132) == [2, 1]
+    for tiles, programs in ((16, 64), (28, 64), (112, 32), (3, 8), (1, 4)):
+        splits = split_k_choices(tiles, programs, 132)
+        assert splits[-1] == 1 and splits == sorted(set(splits), reverse=True)
+        assert all(tiles % s == 0 and (s == 1 or tiles // s >= 2) for s in splits)
