@@ -165,17 +165,25 @@ def _int8_gemm_kernel(
         tl.debug_barrier()  # every thread's partial is issued before the counter moves
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
         if arrived == split_k - 1:
-            acc = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")  # L2, not a stale L1 line
-            # every thread has read its sums before any is zeroed: the zeros' store may take another
-            # thread-to-element layout than the load (without the barrier the GPU tests saw wrong sums)
-            tl.debug_barrier()
-            tl.store(ws_ptrs, tl.zeros_like(acc), mask=mask)  # the persistent workspace stays zero
-            tl.store(count_ptr + tile, 0)
+            acc = take_split_sum(ws_ptrs, mask, count_ptr + tile)
             _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
                       X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     else:
         _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
                   X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit
+def take_split_sum(ws_ptrs, mask, counter):
+    """For the split that arrived last at ``counter``: the tile's complete int32 sums, leaving the
+    persistent workspace (``zeroed_int32``) zero again: the sums and the counter."""
+    total = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")  # L2, not a stale L1 line
+    # every thread has read its sums before any is zeroed: the zeros' store may take another
+    # thread-to-element layout than the load (without the barrier the GPU tests saw wrong sums)
+    tl.debug_barrier()
+    tl.store(ws_ptrs, tl.zeros_like(total), mask=mask)
+    tl.store(counter, 0)
+    return total
 
 
 @triton.jit

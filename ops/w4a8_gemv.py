@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ._autotune import split_k_choices
 from ._wna16_common import zeroed_int32
-from .int8_gemm_kernels import _epilogue
+from .int8_gemm_kernels import _epilogue, take_split_sum
 
 _HI_MASK = tl.constexpr(-252645136)  # 0xF0F0F0F0 as an int32
 _MINUS_8 = tl.constexpr(-117901064)  # 0xF8F8F8F8: four signed bytes of -8
@@ -158,12 +158,7 @@ def _finish(acc, sx, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, 
         tl.debug_barrier()  # every thread's partial is issued before the counter moves
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")  # one counter per (weight tile, token)
         if arrived == split_k - 1:
-            res = tl.load(ws_ptrs, mask=mask, other=0, cache_modifier=".cg")
-            # every thread has read its sums before any is zeroed: the zeros' store may take another
-            # thread-to-element layout than the load (without the barrier the GPU tests saw wrong sums)
-            tl.debug_barrier()
-            tl.store(ws_ptrs, tl.zeros_like(res), mask=mask)  # the persistent workspace stays zero
-            tl.store(counter, 0)
+            res = take_split_sum(ws_ptrs, mask, counter)
             _epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
                       X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     else:
