@@ -129,14 +129,7 @@ def _int8_gemm_kernel(
                 p = tl.load(w_ptrs)
             else:
                 p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K_HALF, other=0)
-            if UNPACK_ASM:
-                lo = _nibbles_minus_8(p, 0)
-                hi = _nibbles_minus_8(p, 4)
-            else:
-                s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
-                lo = (s << 4) >> 4  # sign-extended low nibble: even k
-                hi = s >> 4  # sign-extended high nibble: odd k
-            w = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
+            w = unpack_w4(p, UNPACK_ASM)
             if GROUPED and not GS_PARTIAL:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
                 w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
             w_ptrs += BLOCK_K // 2
@@ -184,6 +177,20 @@ def take_split_sum(ws_ptrs, mask, counter):
     tl.store(ws_ptrs, tl.zeros_like(total), mask=mask)
     tl.store(counter, 0)
     return total
+
+
+@triton.jit
+def unpack_w4(p, UNPACK_ASM: tl.constexpr):
+    """Packed bytes ``p`` (uint8 ``[BN, BK / 2]``, k = 2j low nibble, 2j + 1 high) -> int8
+    ``u - 8`` ``[BN, BK]`` in natural K order."""
+    if UNPACK_ASM:
+        lo = _nibbles_minus_8(p, 0)
+        hi = _nibbles_minus_8(p, 4)
+    else:
+        s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
+        lo = (s << 4) >> 4  # sign-extended low nibble: even k
+        hi = s >> 4  # sign-extended high nibble: odd k
+    return tl.join(lo, hi).reshape(p.shape[0], 2 * p.shape[1])
 
 
 @triton.jit
@@ -264,12 +271,12 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
                       w8_gemv: bool = False) -> list[dict]:
     """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
     the inline-PTX nibble unpack (which the Triton interpreter cannot run) and the other W4A8
-    kernels; with ``w8_gemv`` (W8A8 on a GPU) the dp4a GEMV's configs too."""
+    kernels; with ``w8_gemv`` (W8A8 on a GPU) the TMA kernel's and the dp4a GEMV's configs too."""
     base = _tile_configs(m, n, k, group_size, sms)
-    if w8_gemv:  # W8A8 on a GPU: the dp4a GEMV (ops/w8a8_gemv.py) after the measured configs
+    if w8_gemv:  # W8A8 on a GPU: the TMA kernel and the dp4a GEMV (ops/w8a8_gemv.py) after the measured configs
         from .w8a8_gemv import gemv8_configs
 
-        return base + gemv8_configs(m, n, k, sms, asm=True)
+        return base + tma_configs(m, k) + gemv8_configs(m, n, k, sms, asm=True)
     if not w4_asm:
         return base
     from .w4a8_gemv import gemv_configs
@@ -279,8 +286,9 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     # kernel: the int32-partial group scale (group 128, M <= 64) and the CUDA-core GEMV (M <= 8)
     partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size == 128 and m <= 64]
     # M > 64: int4 -> int8 weight pass (ops/w4a8_int8_weight.py), then the W8A8 kernel's configs
-    w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms)] if m > 64 and k % 8 == 0 else []
-    return base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + w8
+    w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms) + tma_configs(m, k)] if m > 64 and k % 8 == 0 else []
+    tma = [dict(c, UNPACK_ASM=1) for c in tma_configs(m, k, group_size, w4=True)]  # M > 64: unpack into the B operand
+    return base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + tma + w8
 
 
 def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
@@ -305,7 +313,49 @@ def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dic
                 _config(bm, 128, 128, 1, 4, 4)]
     if m <= 512:
         return [_config(64, 128, 128, 1, 4, 4), _config(128, 128, 128, 1, 8, 4), _config(128, 128, 128, 1, 4, 3)]
-    return [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4), _config(128, 256, 128, 1, 8, 3)]
+    # the rest: the TMA kernel's sync-wgmma remedies (tma_configs) for this kernel too
+    out = [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4), _config(128, 256, 128, 1, 8, 3),
+           _config(128, 128, 128, 1, 4, 3), _config(256, 128, kmax, 1, 8, 2), _config(128, 256, kmax, 1, 8, 2),
+           _config(64, 128, 128, 1, 4, 4), _config(128, 64, 128, 1, 4, 3)]
+    return list({str(c): c for c in out}.values())
+
+
+def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[dict]:
+    """Configs of the TMA-fed kernel (ops/int8_gemm_tma.py; no split-K; none where K is too
+    ragged for a descriptor). ``PERSISTENT``: programs per SM, 0 = one program per tile.
+    ``w4``: its W4A8 form (M > 64 only: it unpacks into wgmma's B operand, whose M side is the
+    tokens), BLOCK_K within the group of 128.
+
+    Triton keeps a wgmma with an int32 accumulator synchronous (a ``wait 0`` after every K
+    slice; only float32 accumulators are pipelined, checked in the PTX with triton 3.7.1), so
+    the tensor cores idle while each slice's MMAs drain. The large-M tiles therefore include
+    BLOCK_K = 256 (half the drains per MAC) and tiles of one warpgroup small enough for two or
+    three programs per SM (128 x 128 x 128, 3 stages: 96 KB of shared memory, 159 registers a
+    thread), whose drains (and epilogues) the other programs' MMAs fill: on the H200 that tile
+    took W8A8 4096 x 4096 x 1024 from 35.1 to 26.9 us (BENCHMARKS.md, fifth session).
+    """
+    from .int8_gemm_tma import tma_supported
+
+    if not tma_supported(k, w4) or (w4 and m <= 64):
+        return []
+    # persistent variants only where the sm_90 compile keeps the loop in registers (triton 3.7.1:
+    # the tile loop made e.g. 128 x 256 x 128 and 128 x 128 x 128 / 4 warps spill 320 B of stack)
+    if w4:
+        tiles = ((128, 128, 128, 4, 3, (0,)), (128, 128, 128, 8, 4, (0,)), (256, 128, 128, 8, 3, (0,)), (64, 128, 128, 4, 4, (0,)))
+    elif m <= 16:
+        tiles = ((16, 64, 256, 4, 6, (0, 1)), (16, 128, 256, 4, 4, (0, 1)), (16, 64, 128, 4, 8, (0, 1)))
+    elif m <= 64:
+        tiles = ((32, 128, 128, 4, 4, (0, 1)),) if m <= 32 else ((64, 128, 128, 4, 4, (0,)),)
+    elif m <= 512:
+        tiles = ((64, 128, 128, 4, 4, (0,)), (128, 128, 128, 8, 4, (0, 1)), (128, 128, 128, 4, 3, (0,)),
+                 (128, 256, 128, 8, 3, (0,)))
+    else:
+        tiles = ((256, 128, 128, 8, 3, (0, 1)), (128, 256, 128, 8, 3, (0,)), (256, 128, 128, 8, 4, (0, 1)),
+                 (128, 128, 128, 4, 3, (0,)), (256, 128, 256, 8, 2, (0, 1)), (128, 256, 256, 8, 2, (0,)),
+                 (64, 128, 128, 4, 4, (0,)), (128, 64, 128, 4, 3, (0,)))
+    kmax = 128 if group_size == 128 else 256
+    out = [dict(_config(bm, bn, min(bk, kmax), 1, w, s), TMA=1, PERSISTENT=p) for bm, bn, bk, w, s, ps in tiles for p in ps]
+    return list({str(c): c for c in out}.values())
 
 
 _SMS: dict = {}
@@ -345,6 +395,10 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
 
         w8_cfg = {key: v for key, v in config.items() if key != "KERNEL"}
         return run_int8_gemm(xq, x_scale, w4_to_int8(w, group_scale), w_scale, None, bias, out_dtype, w4=False, config=w8_cfg)
+    if config.get("TMA"):
+        from .int8_gemm_tma import run_int8_gemm_tma
+
+        return run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config, _sm_count(xq.device), w4=w4)
     cfg = dict(config)
     bm, bn, bk, split = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     group_n, warps, stages = cfg.pop("GROUP_N"), cfg.pop("num_warps"), cfg.pop("num_stages")

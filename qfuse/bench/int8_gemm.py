@@ -36,7 +36,7 @@ from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_gr
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
 OURS = ("w8a8", "w4a8_pc", "w4a8_g128")
-FAMILIES = ("tc", "asm", "gsp", "gemv", "w8", "gemv8")
+FAMILIES = ("tc", "asm", "gsp", "gemv", "w8", "w8_tma", "tma", "gemv8")
 
 
 def _gemlite_layers(n, k, dev):
@@ -193,9 +193,12 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
 def config_family(cfg: dict) -> str:
     """Which kernel a candidate runs: ``tc`` (tensor-core tile kernel, int8-op unpack), ``asm``
     (inline-PTX unpack), ``gsp`` (asm + int32-partial group scale), ``gemv`` (dp4a GEMV),
-    ``w8`` (int4 -> int8 weight pass + the W8A8 kernel); W8A8: ``tc`` or ``gemv8`` (dp4a GEMV)."""
+    ``tma`` (ops/int8_gemm_tma.py: unpack into the B operand), ``w8`` / ``w8_tma`` (int4 -> int8
+    weight pass + the W8A8 tile / TMA kernel); W8A8: ``tc``, ``tma`` or ``gemv8`` (dp4a GEMV)."""
     if cfg.get("KERNEL"):
-        return cfg["KERNEL"]
+        return cfg["KERNEL"] + ("_tma" if cfg.get("TMA") else "")
+    if cfg.get("TMA"):
+        return "tma"
     if cfg.get("GS_PARTIAL"):
         return "gsp"
     return "asm" if cfg.get("UNPACK_ASM") else "tc"
@@ -206,6 +209,8 @@ def config_label(cfg: dict) -> str:
         return "{KERNEL}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
             "/pf" if cfg.get("PREFETCH") else "")
     label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**cfg)
+    if cfg.get("PERSISTENT"):
+        label += f"/p{cfg['PERSISTENT']}"
     fam = config_family(cfg)
     return label + ("" if fam == "tc" else "/" + fam)
 
@@ -218,7 +223,9 @@ def markdown_table(rows) -> str:
             ("w8a8_gemv8_us", "w8a8 gemv us"), ("w8a8_cfg", "w8a8 cfg"),
             ("w4a8_pc_asm_us", "pc asm us"), ("w4a8_g128_asm_us", "g128 asm us"),
             ("w4a8_pc_gemv_us", "pc gemv us"), ("w4a8_g128_gemv_us", "g128 gemv us"), ("w4a8_g128_gsp_us", "g128 gsp us"),
-            ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_g128_w8_us", "g128 w8 us"),
+            ("w8a8_tma_us", "w8a8 tma us"), ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_pc_w8_tma_us", "pc w8 tma us"),
+            ("w4a8_pc_tma_us", "pc tma us"), ("w4a8_g128_tma_us", "g128 tma us"),
+            ("w4a8_g128_w8_us", "g128 w8 us"),
             ("w4a8_pc_cfg", "pc cfg"), ("w4a8_g128_cfg", "g128 cfg"), ("gemlite_a8w8_us", "gemlite a8w8 us"), ("gemlite_a8w4_us", "gemlite a8w4 us"),
             ("floor_w8a8_us", "floor w8a8 us"), ("floor_w4a8_us", "floor w4a8 us"), ("w8a8_eager_us", "w8a8 eager us")]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
-from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm, tma_configs
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
 from qfuse.ops.w8a8_gemv import gemv8_configs, gemv8_supported
 
@@ -128,7 +128,9 @@ def test_gemv8_candidates_are_extra():
             old = candidate_configs(m, n, k, -1, 132)
             new = candidate_configs(m, n, k, -1, 132, w8_gemv=True)
             assert new[: len(old)] == old
-            extra = new[len(old):]
+            tma = tma_configs(m, k)  # the TMA kernel's (tests/ops/test_int8_gemm_tma.py), then the GEMV's
+            assert new[len(old): len(old) + len(tma)] == tma
+            extra = new[len(old) + len(tma):]
             assert bool(extra) == (m <= 8) and all(c["KERNEL"] == "gemv8" and gemv8_supported(k, c) for c in extra)
 
 

@@ -1,0 +1,138 @@
+"""W8A8 tile kernel fed by the Tensor Memory Accelerator, persistent over output tiles.
+
+The math is the one of ops/int8_gemm_kernels.py (and of ``w8a8_gemm``)::
+
+    acc^T[n, m] = sum_k int32(wq[n, k]) * int32(xq[m, k])                 exact int32
+    out[m, n]   = out_dtype( (float32(acc) * x_scale[m]) * w_scale[n] + float32(bias[n]) )
+
+with the same weight-major tiles (``acc^T [BLOCK_N, BLOCK_M] = wq @ xq^T``: the weight is
+wgmma's M side) and the same epilogue (``_epilogue``: FMA contraction off, bf16 rounded to
+nearest even), so the output is bit-identical to the reference. What differs is how the
+operands reach shared memory and how programs map to tiles:
+
+* **TMA loads** (host-side ``TensorDescriptor`` of ``wq [N, K]`` and ``xq [M, K]``): one
+  thread issues a bulk tensor copy per operand tile instead of every thread computing
+  addresses and issuing 16-byte ``cp.async`` loads; the copy engine zero-fills rows past M
+  or N and columns past K, so the K, M and N tails need no masks in the loop (a zero
+  operand adds nothing to an integer sum). Needs ``K % 16 == 0`` (16-byte row strides)
+  and 16-byte aligned base pointers (:func:`tma_supported`; the launcher copies a
+  misaligned activation).
+* **Persistent grid** (``PERSISTENT`` programs per SM in the config): ``min(tiles, PERSISTENT *
+  SMs)`` programs walk the tiles with stride ``programs`` in one flattened loop
+  (``tl.range(..., flatten=True)``), so the software pipeline prefetches the next tile's first K slices while the current tile's
+  epilogue runs. At K = 4096 a 128-deep K tile gives a tile only 32 loop iterations, and
+  the non-persistent kernel pays its pipeline fill (``num_stages - 1`` slices) and its
+  epilogue once per tile.
+
+Tile order: GROUP_N weight-row tiles x every token tile, as the pointer kernel (a weight
+column tile is re-read by the token tiles while it is in L2). No split-K: the decode shapes
+that need it keep the pointer kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .int8_gemm_kernels import _epilogue, unpack_w4
+
+
+@triton.jit
+def _tile_of(tile, num_pid_n, num_pid_m, GROUP_N: tl.constexpr):
+    """(pid_n, pid_m) of linear tile index ``tile``: GROUP_N weight tiles x all token tiles per group."""
+    per_group = GROUP_N * num_pid_m
+    first_n = (tile // per_group) * GROUP_N
+    group_n = tl.minimum(num_pid_n - first_n, GROUP_N)
+    pid_n = first_n + (tile % per_group) % group_n
+    pid_m = (tile % per_group) // group_n
+    return pid_n, pid_m
+
+
+@triton.jit
+def _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, tile, num_pid_n, num_pid_m,
+              W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
+              X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
+    pid_n, pid_m = _tile_of(tile, num_pid_n, num_pid_m, GROUP_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    rows_n = tl.where(mask_n, offs_n, 0)
+    if W4:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    for kt in range(tl.cdiv(K, BLOCK_K)):
+        x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # [BLOCK_M, BLOCK_K], zero past M / K
+        if W4:
+            # packed bytes [BLOCK_N, BLOCK_K / 2]; zero bytes past K unpack to -8, against zero activations
+            w = unpack_w4(w_desc.load([pid_n * BLOCK_N, kt * (BLOCK_K // 2)]), UNPACK_ASM)
+            if GROUPED:  # BLOCK_K divides 128: the tile lies in group k0 // 128; |q * gs| <= 128, exact in int8
+                w = w * tl.load(gs_ptr + rows_n * (K // 128) + (kt * BLOCK_K) // 128)[:, None]
+            acc = tl.dot(x, w.T, acc, out_dtype=tl.int32)  # registers -> shared memory B operand
+        else:
+            w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])  # [BLOCK_N, BLOCK_K], zero past N / K
+            acc = tl.dot(w, x.T, acc, out_dtype=tl.int32)
+    if W4:
+        acc = tl.trans(acc)
+    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, tl.where(mask_m, offs_m, 0),
+              rows_n, mask_n[:, None] & mask_m[None, :], N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _int8_gemm_tma_kernel(
+    x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, PROGRAMS,
+    W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+):
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    if PERSISTENT:
+        for tile in range(tl.program_id(0), num_pid_n * num_pid_m, PROGRAMS):
+            _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, tile, num_pid_n, num_pid_m,
+                      W4, GROUPED, UNPACK_ASM, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_N)
+    else:
+        _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, tl.program_id(0), num_pid_n, num_pid_m,
+                  W4, GROUPED, UNPACK_ASM, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_N)
+
+
+def tma_supported(k: int, w4: bool = False) -> bool:
+    """Whether the TMA kernel can take a K: the descriptors need 16-byte row strides (int8 rows
+    of K bytes; packed int4 rows of K / 2)."""
+    return k % (32 if w4 else 16) == 0
+
+
+def _aligned(t):
+    """``t`` itself if its data is 16-byte aligned (a TMA descriptor's base), else a contiguous copy."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: dict, sms: int, *, w4: bool):
+    """Launch into ``out [M, N]`` with ``config``; ``w``: int8 ``[N, K]``, or with ``w4`` packed
+    int4 ``[N, K / 2]`` (and ``group_scale`` for group 128). Arguments checked by the op."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = xq.shape
+    n = w.shape[0]
+    if not tma_supported(k, w4):
+        raise ValueError(f"int8 TMA kernel: K={k} is not a multiple of {32 if w4 else 16} (TMA row strides)")
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    if group_scale is not None and 128 % bk:
+        raise ValueError(f"int8 TMA kernel: BLOCK_K={bk} must divide the group size 128")
+    xq, w = _aligned(xq.contiguous()), _aligned(w)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    # PROGRAMS (tests) pins the grid; PERSISTENT: that many programs per SM; else one per tile
+    programs = config.get("PROGRAMS") or (min(tiles, config["PERSISTENT"] * sms) if config.get("PERSISTENT") else tiles)
+    _int8_gemm_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(xq, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk // 2 if w4 else bk]),
+        x_scale.reshape(-1).contiguous(), w_scale, group_scale if group_scale is not None else w_scale,
+        bias if bias is not None else w_scale, out, m, n, k, programs,
+        W4=w4, GROUPED=group_scale is not None, UNPACK_ASM=bool(config.get("UNPACK_ASM", 0)) and w4,
+        X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=config["GROUP_N"], PERSISTENT=programs != tiles,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
