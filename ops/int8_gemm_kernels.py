@@ -129,9 +129,9 @@ def _int8_gemm_kernel(
                 p = tl.load(w_ptrs)
             else:
                 p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K_HALF, other=0)
-            w = unpack_w4(p, UNPACK_ASM)
-            if GROUPED and not GS_PARTIAL:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
-                w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
+            # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
+            gs = tl.load(gs_rows + k0 // 128) if GROUPED and not GS_PARTIAL else 1
+            w = unpack_w4(p, gs, UNPACK_ASM, GROUPED and not GS_PARTIAL)
             w_ptrs += BLOCK_K // 2
         else:
             if EVEN_K:
@@ -180,9 +180,16 @@ def take_split_sum(ws_ptrs, mask, counter):
 
 
 @triton.jit
-def unpack_w4(p, UNPACK_ASM: tl.constexpr):
-    """Packed bytes ``p`` (uint8 ``[BN, BK / 2]``, k = 2j low nibble, 2j + 1 high) -> int8
-    ``u - 8`` ``[BN, BK]`` in natural K order."""
+def unpack_w4(p, gs, UNPACK_ASM: tl.constexpr, GROUPED: tl.constexpr):
+    """Packed bytes ``p`` (uint8 ``[BN, BK / 2]``, k = 2j low nibble, 2j + 1 high) -> the int8
+    operand ``(u - 8) * gs`` ``[BN, BK]`` in natural K order; ``gs``: the rows' int8 group scales
+    ``[BN]`` for the tile's group (GROUPED), else unused (1)."""
+    if UNPACK_ASM and GROUPED:
+        g = gs.to(tl.int32)[:, None]
+        c = (128 - 8 * g) * 0x01010101  # the bias 128 - 8 gs in every byte
+        lo = _scaled_nibbles(p, g, c, 0)
+        hi = _scaled_nibbles(p, g, c, 4)
+        return tl.join(lo, hi).reshape(p.shape[0], 2 * p.shape[1])
     if UNPACK_ASM:
         lo = _nibbles_minus_8(p, 0)
         hi = _nibbles_minus_8(p, 4)
@@ -190,7 +197,33 @@ def unpack_w4(p, UNPACK_ASM: tl.constexpr):
         s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
         lo = (s << 4) >> 4  # sign-extended low nibble: even k
         hi = s >> 4  # sign-extended high nibble: odd k
-    return tl.join(lo, hi).reshape(p.shape[0], 2 * p.shape[1])
+    w = tl.join(lo, hi).reshape(p.shape[0], 2 * p.shape[1])
+    if GROUPED:  # |(u - 8) * gs| <= 8 * 16 = 128: exact in int8
+        w = w * gs[:, None]
+    return w
+
+
+@triton.jit
+def _scaled_nibbles(p, g, c, SHIFT: tl.constexpr):
+    """``int8((((p >> SHIFT) & 15) - 8) * g)`` for uint8 ``p``, four bytes per 32-bit register (GPU only).
+
+    Per byte, u in [0, 15] and g in [1, 16]: ``u * g + (128 - 8 g) = (u - 8) g + 128`` lies in
+    [0, 240], so one 32-bit multiply-add of the four masked bytes by ``g`` plus ``c`` (that bias
+    in every byte) never carries between bytes, and ``^ 0x80`` makes each ``(u - 8) g`` in two's
+    complement: 3-4 instructions for four codes instead of an unpack plus an int8 multiply per
+    code. ``g``, ``c``: int32 per row, broadcast (the four bytes of a register share a row).
+    """
+    g = tl.broadcast_to(g, p.shape)
+    c = tl.broadcast_to(c, p.shape)
+    if SHIFT == 0:
+        q = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
+            "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        q = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
+            "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+    return q
 
 
 @triton.jit
@@ -316,7 +349,7 @@ def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dic
     # the rest: the TMA kernel's sync-wgmma remedies (tma_configs) for this kernel too
     out = [_config(256, 128, 128, 1, 8, 3), _config(128, 128, 128, 1, 8, 4), _config(128, 256, 128, 1, 8, 3),
            _config(128, 128, 128, 1, 4, 3), _config(256, 128, kmax, 1, 8, 2), _config(128, 256, kmax, 1, 8, 2),
-           _config(64, 128, 128, 1, 4, 4), _config(128, 64, 128, 1, 4, 3)]
+           _config(64, 128, 128, 1, 4, 4), _config(64, 128, 128, 1, 4, 3), _config(128, 64, 128, 1, 4, 3)]
     return list({str(c): c for c in out}.values())
 
 
@@ -341,7 +374,8 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     # persistent variants only where the sm_90 compile keeps the loop in registers (triton 3.7.1:
     # the tile loop made e.g. 128 x 256 x 128 and 128 x 128 x 128 / 4 warps spill 320 B of stack)
     if w4:
-        tiles = ((128, 128, 128, 4, 3, (0,)), (128, 128, 128, 8, 4, (0,)), (256, 128, 128, 8, 3, (0,)), (64, 128, 128, 4, 4, (0,)))
+        tiles = ((128, 128, 128, 4, 3, (0,)), (128, 128, 128, 8, 4, (0,)), (256, 128, 128, 8, 3, (0,)), (64, 128, 128, 4, 4, (0,)),
+                 (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)))
     elif m <= 16:
         tiles = ((16, 64, 256, 4, 6, (0, 1)), (16, 128, 256, 4, 4, (0, 1)), (16, 64, 128, 4, 8, (0, 1)))
     elif m <= 64:
@@ -352,7 +386,7 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     else:
         tiles = ((256, 128, 128, 8, 3, (0, 1)), (128, 256, 128, 8, 3, (0,)), (256, 128, 128, 8, 4, (0, 1)),
                  (128, 128, 128, 4, 3, (0,)), (256, 128, 256, 8, 2, (0, 1)), (128, 256, 256, 8, 2, (0,)),
-                 (64, 128, 128, 4, 4, (0,)), (128, 64, 128, 4, 3, (0,)))
+                 (64, 128, 128, 4, 4, (0,)), (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)))
     kmax = 128 if group_size == 128 else 256
     out = [dict(_config(bm, bn, min(bk, kmax), 1, w, s), TMA=1, PERSISTENT=p) for bm, bn, bk, w, s, ps in tiles for p in ps]
     return list({str(c): c for c in out}.values())

@@ -67,9 +67,9 @@ def _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K
         x = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # [BLOCK_M, BLOCK_K], zero past M / K
         if W4:
             # packed bytes [BLOCK_N, BLOCK_K / 2]; zero bytes past K unpack to -8, against zero activations
-            w = unpack_w4(w_desc.load([pid_n * BLOCK_N, kt * (BLOCK_K // 2)]), UNPACK_ASM)
-            if GROUPED:  # BLOCK_K divides 128: the tile lies in group k0 // 128; |q * gs| <= 128, exact in int8
-                w = w * tl.load(gs_ptr + rows_n * (K // 128) + (kt * BLOCK_K) // 128)[:, None]
+            # BLOCK_K divides 128: the tile lies in group k0 // 128
+            gs = tl.load(gs_ptr + rows_n * (K // 128) + (kt * BLOCK_K) // 128) if GROUPED else 1
+            w = unpack_w4(w_desc.load([pid_n * BLOCK_N, kt * (BLOCK_K // 2)]), gs, UNPACK_ASM, GROUPED)
             acc = tl.dot(x, w.T, acc, out_dtype=tl.int32)  # registers -> shared memory B operand
         else:
             w = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])  # [BLOCK_N, BLOCK_K], zero past N / K
