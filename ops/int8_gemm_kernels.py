@@ -129,9 +129,9 @@ def _int8_gemm_kernel(
                 p = tl.load(w_ptrs)
             else:
                 p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K_HALF, other=0)
-            # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
-            gs = tl.load(gs_rows + k0 // 128) if GROUPED and not GS_PARTIAL else 1
-            w = unpack_w4(p, gs, UNPACK_ASM, GROUPED and not GS_PARTIAL)
+            w = unpack_w4(p, 1, UNPACK_ASM, False)  # not the folded group-scale PTX: see unpack_w4
+            if GROUPED and not GS_PARTIAL:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
+                w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
             w_ptrs += BLOCK_K // 2
         else:
             if EVEN_K:
@@ -183,7 +183,14 @@ def take_split_sum(ws_ptrs, mask, counter):
 def unpack_w4(p, gs, UNPACK_ASM: tl.constexpr, GROUPED: tl.constexpr):
     """Packed bytes ``p`` (uint8 ``[BN, BK / 2]``, k = 2j low nibble, 2j + 1 high) -> the int8
     operand ``(u - 8) * gs`` ``[BN, BK]`` in natural K order; ``gs``: the rows' int8 group scales
-    ``[BN]`` for the tile's group (GROUPED), else unused (1)."""
+    ``[BN]`` for the tile's group (GROUPED), else unused (1).
+
+    With UNPACK_ASM and GROUPED the scale is folded into the PTX (:func:`_scaled_nibbles`), which
+    takes the first of each register's four bytes' scales for all four: right only where Triton
+    lays ``p`` out with a register's four bytes along K in one row. The TMA kernel's
+    shared-memory load does (its GPU tests run every W4 config bit for bit); the tile kernel's
+    register-A operand does not (on the H200 about half its outputs came out wrong), so that
+    kernel unpacks and multiplies by ``gs`` per element."""
     if UNPACK_ASM and GROUPED:
         g = gs.to(tl.int32)[:, None]
         c = (128 - 8 * g) * 0x01010101  # the bias 128 - 8 gs in every byte
@@ -365,7 +372,9 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     BLOCK_K = 256 (half the drains per MAC) and tiles of one warpgroup small enough for two or
     three programs per SM (128 x 128 x 128, 3 stages: 96 KB of shared memory, 159 registers a
     thread), whose drains (and epilogues) the other programs' MMAs fill: on the H200 that tile
-    took W8A8 4096 x 4096 x 1024 from 35.1 to 26.9 us (BENCHMARKS.md, fifth session).
+    took W8A8 4096 x 4096 x 1024 from 35.1 to 26.9 us (BENCHMARKS.md, fifth session). Two
+    stages (64 KB, 160 registers) fit three programs per SM: 6144 x 4096 x 1024's 384 tiles of
+    128 x 128 in one wave of 396 instead of 1.45 waves of 264.
     """
     from .int8_gemm_tma import tma_supported
 
@@ -375,7 +384,7 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     # the tile loop made e.g. 128 x 256 x 128 and 128 x 128 x 128 / 4 warps spill 320 B of stack)
     if w4:
         tiles = ((128, 128, 128, 4, 3, (0,)), (128, 128, 128, 8, 4, (0,)), (256, 128, 128, 8, 3, (0,)), (64, 128, 128, 4, 4, (0,)),
-                 (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)))
+                 (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)), (128, 64, 128, 4, 2, (0,)))
     elif m <= 16:
         tiles = ((16, 64, 256, 4, 6, (0, 1)), (16, 128, 256, 4, 4, (0, 1)), (16, 64, 128, 4, 8, (0, 1)))
     elif m <= 64:
@@ -386,7 +395,8 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     else:
         tiles = ((256, 128, 128, 8, 3, (0, 1)), (128, 256, 128, 8, 3, (0,)), (256, 128, 128, 8, 4, (0, 1)),
                  (128, 128, 128, 4, 3, (0,)), (256, 128, 256, 8, 2, (0, 1)), (128, 256, 256, 8, 2, (0,)),
-                 (64, 128, 128, 4, 4, (0,)), (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)))
+                 (64, 128, 128, 4, 4, (0,)), (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)),
+                 (128, 128, 128, 4, 2, (0,)), (128, 128, 64, 4, 3, (0,)))
     kmax = 128 if group_size == 128 else 256
     out = [dict(_config(bm, bn, min(bk, kmax), 1, w, s), TMA=1, PERSISTENT=p) for bm, bn, bk, w, s, ps in tiles for p in ps]
     return list({str(c): c for c in out}.values())
