@@ -477,9 +477,22 @@ def is_experimental(config: dict) -> bool:
     return config.get("KERNEL") == "gemv8"
 
 
+# Decode buckets up to here take the eager pick outside CUDA-graph capture (see int8_gemm).
+EAGER_MAX_M = 64
+
+
 def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, group_size: int = -1):
-    """Pick a config (ops/_autotune.py: cache, shipped defaults, or a measurement) and run."""
-    from ._autotune import m_bucket, offered, pick_config
+    """Pick a config (ops/_autotune.py: cache, shipped defaults, or a measurement) and run.
+
+    Configs are ranked by CUDA-graph time, which leaves out the host's launch cost. A TMA
+    launch costs more of it (two host descriptors encoded per call: on the H200 27-48 us of
+    Python and driver per launch at M = 1-16 against 11-12 us for the pointer kernel, whose
+    graph time is only 0.3-1.7 us longer there), and a decode GEMM outside a graph waits on
+    the host. So when the pick for an M bucket <= EAGER_MAX_M is a TMA config and no CUDA graph
+    is being captured, the op takes the best config without TMA instead (its own key,
+    ``<op>_eager``: shipped, cached or measured like any other). Both compute the same bits.
+    """
+    from ._autotune import _capturing, m_bucket, offered, pick_config
 
     m, k = xq.shape
     n = w.shape[0]
@@ -490,7 +503,10 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         return offered(candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu),
                        is_experimental)
 
-    cfg = pick_config(op, key, cands,
-                      lambda c: run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c),
-                      xq.device)
-    return run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=cfg)
+    def run(c):
+        return run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c)
+
+    cfg = pick_config(op, key, cands, run, xq.device)
+    if cfg.get("TMA") and key[0] <= EAGER_MAX_M and not _capturing():
+        cfg = pick_config(op + "_eager", key, lambda: [c for c in cands() if not c.get("TMA")], run, xq.device)
+    return run(cfg)

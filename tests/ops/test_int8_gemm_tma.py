@@ -125,6 +125,35 @@ def test_offered_where_it_applies():
             assert c["SPLIT_K"] == 1 and c["BLOCK_M"] >= 16 and c["PERSISTENT"] in (0, 1)
 
 
+@pytest.mark.parametrize("m,capturing,expected", [
+    (16, False, "eager"),  # decode outside a graph: the pick without TMA (cheaper launch)
+    (16, True, "graph"),   # under capture: the graph-timed pick
+    (1024, False, "graph"),  # M bucket > EAGER_MAX_M: the launch cost is hidden behind the kernel
+])
+def test_eager_decode_takes_the_pick_without_tma(monkeypatch, m, capturing, expected):
+    """int8_gemm's dispatch: a TMA pick for a decode bucket is swapped for ``<op>_eager``'s pick
+    (built from the non-TMA candidates) when no CUDA graph is being captured."""
+    import qfuse.ops._autotune as autotune
+    import qfuse.ops.int8_gemm_kernels as kernels
+
+    picks = {"w8a8_gemm": dict(tma_cfg(), TAG="graph"), "w8a8_gemm_eager": dict(_config(16, 32, 64), TAG="eager")}
+    seen = {}
+
+    def fake_pick(op, key, cands, run, device):
+        if op.endswith("_eager"):
+            seen["eager_cands"] = cands()
+        return picks[op]
+
+    monkeypatch.setattr(autotune, "pick_config", fake_pick)
+    monkeypatch.setattr(autotune, "_capturing", lambda: capturing)
+    monkeypatch.setattr(kernels, "run_int8_gemm", lambda *a, config, **kw: config["TAG"])
+    monkeypatch.setattr(kernels, "candidate_configs", lambda *a, **kw: [tma_cfg(), _config(16, 32, 64)])
+    xq, xs, wq, ws, b = make_w8a8(m, 64, 128)
+    assert kernels.int8_gemm("w8a8_gemm", xq, xs, wq, ws, None, b, torch.bfloat16, w4=False) == expected
+    if expected == "eager":
+        assert seen["eager_cands"] == [_config(16, 32, 64)]
+
+
 # --------------------------------------------------------------- GPU (H200)
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
-from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm, tma_configs
+from qfuse.ops.int8_gemm_kernels import EAGER_MAX_M, _config, candidate_configs, int8_gemm, run_int8_gemm, tma_configs
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
 from qfuse.ops.w8a8_gemv import gemv8_configs, gemv8_supported
 
@@ -203,9 +203,10 @@ def test_gpu_rejects_bad_input():
         torch.ops.qfuse.w8a8_gemm(xq, xs[:2], wq, ws, b, torch.bfloat16)
 
 
-@pytest.mark.parametrize("op", ["w8a8_gemm", "w4a8_gemm"])
+@pytest.mark.parametrize("op", ["w8a8_gemm", "w4a8_gemm", "w8a8_gemm_eager"])
 def test_shipped_configs_are_candidates(op):
-    """Every shipped H200 config is in the candidate space of its key (no stale or hand-typo'd entry)."""
+    """Every shipped H200 config is in the candidate space of its key (no stale or hand-typo'd entry);
+    the eager picks (int8_gemm's outside-a-graph choice) are no TMA configs, for decode buckets only."""
     import json
     from pathlib import Path
 
@@ -218,9 +219,11 @@ def test_shipped_configs_are_candidates(op):
         name, gpu, mb, n, k, *gs = key.split("|")
         assert name == op and gpu == "NVIDIA_H200"
         cands = candidate_configs(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4_asm=op == "w4a8_gemm",
-                                  w8_gemv=op == "w8a8_gemm")  # the GPU candidate space, GEMVs included
+                                  w8_gemv=op != "w4a8_gemm")  # the GPU candidate space, GEMVs included
         norm = lambda c: c if c.get("KERNEL") == "gemv" else dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0))  # noqa: E731 - the GEMV has no unpack switch
         assert any(norm(c) == norm(cfg) for c in cands), key
+        if op.endswith("_eager"):
+            assert not cfg.get("TMA") and int(mb) <= EAGER_MAX_M, key
 
 
 @pytest.mark.gpu
