@@ -51,7 +51,11 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   against 9.5-35.8 for the best tile config), GS_PARTIAL wins group 128 at M = 4-16
   (g128 / per-channel 0.79-0.93, against 0.48-0.53 before), the int8 weight pass wins
   M >= 1024 (1.10-1.43x bf16, against 0.97-1.12x); the W8A8 GEMV lost to the tile kernel
-  at every point (10.8-50.6 us against 9.0-36.3 at M = 1), so it stays opt-in.
+  at every point (10.8-50.6 us against 9.0-36.3 at M = 1), so it stays opt-in. A config
+  with ``TMA`` runs ops/int8_gemm_tma.py (W8A8, or W4A8 with the unpack fused; also behind
+  ``"w8"``): on the H200 it won W8A8 at 15 of 25 decode and 14 of 15 M >= 1024 points, and
+  W4A8 at M = 256 on every shape and per-channel M = 1024 on three of five (BENCHMARKS.md,
+  fifth session).
 * **Epilogue order**: ``(acc * x_scale) * w_scale + bias`` in float32, as the
   reference; the launcher passes ``enable_fp_fusion=False`` so no FMA contracts the
   last two steps, which makes the output bit-identical to the reference (the GPU
@@ -485,7 +489,7 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     """Pick a config (ops/_autotune.py: cache, shipped defaults, or a measurement) and run.
 
     Configs are ranked by CUDA-graph time, which leaves out the host's launch cost. A TMA
-    launch costs more of it (two host descriptors encoded per call: on the H200 27-48 us of
+    launch costs more of it (two host descriptors encoded per call: on the H200 24-48 us of
     Python and driver per launch at M = 1-16 against 11-12 us for the pointer kernel, whose
     graph time is only 0.3-1.7 us longer there), and a decode GEMM outside a graph waits on
     the host. So when the pick for an M bucket <= EAGER_MAX_M is a TMA config and no CUDA graph

@@ -1,32 +1,36 @@
-"""W8A8 tile kernel fed by the Tensor Memory Accelerator, persistent over output tiles.
+"""int8 tile kernel fed by the Tensor Memory Accelerator: W8A8, and W4A8 with the int4 unpack fused.
 
-The math is the one of ops/int8_gemm_kernels.py (and of ``w8a8_gemm``)::
+The math is the one of ops/int8_gemm_kernels.py (``w8a8_gemm`` / ``w4a8_gemm``)::
 
-    acc^T[n, m] = sum_k int32(wq[n, k]) * int32(xq[m, k])                 exact int32
-    out[m, n]   = out_dtype( (float32(acc) * x_scale[m]) * w_scale[n] + float32(bias[n]) )
+    acc[m, n] = sum_k int32(xq[m, k]) * w_int[n, k]                         exact int32
+    out[m, n] = out_dtype( (float32(acc) * x_scale[m]) * w_scale[n] + float32(bias[n]) )
 
-with the same weight-major tiles (``acc^T [BLOCK_N, BLOCK_M] = wq @ xq^T``: the weight is
-wgmma's M side) and the same epilogue (``_epilogue``: FMA contraction off, bf16 rounded to
-nearest even), so the output is bit-identical to the reference. What differs is how the
-operands reach shared memory and how programs map to tiles:
+with ``w_int = wq`` (W8A8) or ``(u - 8) * group_scale[n, k // 128]`` (W4A8, |w_int| <= 128), and the
+same epilogue (``_epilogue``: FMA contraction off, bf16 rounded to nearest even), so the output is
+bit-identical to the reference. What differs from the pointer kernel:
 
-* **TMA loads** (host-side ``TensorDescriptor`` of ``wq [N, K]`` and ``xq [M, K]``): one
-  thread issues a bulk tensor copy per operand tile instead of every thread computing
-  addresses and issuing 16-byte ``cp.async`` loads; the copy engine zero-fills rows past M
-  or N and columns past K, so the K, M and N tails need no masks in the loop (a zero
-  operand adds nothing to an integer sum). Needs ``K % 16 == 0`` (16-byte row strides)
-  and 16-byte aligned base pointers (:func:`tma_supported`; the launcher copies a
-  misaligned activation).
-* **Persistent grid** (``PERSISTENT`` programs per SM in the config): ``min(tiles, PERSISTENT *
-  SMs)`` programs walk the tiles with stride ``programs`` in one flattened loop
-  (``tl.range(..., flatten=True)``), so the software pipeline prefetches the next tile's first K slices while the current tile's
-  epilogue runs. At K = 4096 a 128-deep K tile gives a tile only 32 loop iterations, and
-  the non-persistent kernel pays its pipeline fill (``num_stages - 1`` slices) and its
-  epilogue once per tile.
+* **TMA loads**: host-side ``TensorDescriptor``s of ``xq [M, K]`` and of the weight (``wq [N, K]``,
+  or the packed ``[N, K / 2]`` bytes). One thread issues a bulk tensor copy per operand tile instead
+  of every thread computing addresses for 16-byte ``cp.async`` loads, and the copy engine zero-fills
+  rows past M or N and columns past K, so the tails need no masks (zero activations past K meet the
+  packed zeros' ``u - 8 = -8``: products 0). Needs 16-byte row strides, ``K % 16 == 0`` (packed:
+  ``K % 32``; :func:`tma_supported`) and 16-byte aligned bases (the launcher copies a misaligned one).
+* **Operand roles**: W8A8 keeps the pointer kernel's weight-major tiles (``acc^T = wq @ xq^T``: the
+  weight is wgmma's M side, both operands in shared memory). W4A8 unpacks the loaded bytes in
+  registers (inline PTX on the GPU, the group scale folded in: ``unpack_w4``) and computes
+  ``acc = xq @ w_int^T``, so the unpacked weight is wgmma's shared-memory B operand, stored once per
+  slice, where the pointer kernel feeds it as the register A operand (slower at large M: the
+  ``fused TMA`` against ``asm`` columns in BENCHMARKS.md). Offered at M > 64, where the tokens fill
+  wgmma's 64-row M side.
+* **Occupancy, not pipelining, hides the MMA drains**: Triton keeps an int32-accumulator wgmma
+  synchronous, so the useful tiles are those that fit 2-3 programs per SM (``tma_configs``).
+* **Persistent grid** (``PERSISTENT`` programs per SM in the config): ``min(tiles, PERSISTENT * SMs)``
+  programs walk the tiles with stride ``programs`` (tile loop not flattened: with
+  ``tl.range(..., flatten=True)`` the 256x128x128 tile spilled 608 B of stack; triton 3.7.1).
 
-Tile order: GROUP_N weight-row tiles x every token tile, as the pointer kernel (a weight
-column tile is re-read by the token tiles while it is in L2). No split-K: the decode shapes
-that need it keep the pointer kernel.
+Tile order: GROUP_N weight-row tiles x every token tile, as the pointer kernel (a weight column tile
+is re-read by the token tiles while it is in L2). No split-K: the decode shapes that need it keep the
+pointer kernel.
 """
 
 from __future__ import annotations
