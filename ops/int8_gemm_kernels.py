@@ -192,8 +192,10 @@ def unpack_w4(p, gs, UNPACK_ASM: tl.constexpr, GROUPED: tl.constexpr):
     With UNPACK_ASM and GROUPED the scale is folded into the PTX (:func:`_scaled_nibbles`), which
     takes the first of each register's four bytes' scales for all four: right only where Triton
     lays ``p`` out with a register's four bytes along K in one row. The TMA kernel's
-    shared-memory load does (its GPU tests run every W4 config bit for bit); the tile kernel's
-    register-A operand does not (on the H200 about half its outputs came out wrong), so that
+    shared-memory load does (16 bytes along K a thread; its GPU tests run every W4 config bit
+    for bit, and CI checks the layout of an sm_90 compile with the installed Triton:
+    tests/ops/_tma_w4_layout_sm90.py); the tile kernel's register-A operand does not (pairs of
+    bytes from rows r and r + 8: about half its outputs came out wrong on the H200), so that
     kernel unpacks and multiplies by ``gs`` per element."""
     if UNPACK_ASM and GROUPED:
         g = gs.to(tl.int32)[:, None]

@@ -125,6 +125,28 @@ def test_offered_where_it_applies():
             assert c["SPLIT_K"] == 1 and c["BLOCK_M"] >= 16 and c["PERSISTENT"] in (0, 1)
 
 
+def test_folded_group_scale_layout_sm90():
+    """The folded group-scale PTX takes one scale per register of four packed codes: right only if
+    Triton gives those four bytes one row. Compiled for sm_90 with the installed Triton (no GPU),
+    every W4A8 TMA tile's asm operand must have registers 0-3 along K (tests/ops/_tma_w4_layout_sm90.py;
+    the tile kernel's register-operand layout, which failed on the H200, does not pass this check)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tiles = sorted({(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"])
+                    for c in tma_configs(1024, 4096, 128, w4=True)})
+    cases = [",".join(map(str, t)) for t in tiles]
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(root / "tests/ops/_tma_w4_layout_sm90.py"), *cases], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == len(cases) and all(line.endswith(" ok") for line in lines), run.stdout
+
+
 @pytest.mark.parametrize("m,capturing,expected", [
     (16, False, "eager"),  # decode outside a graph: the pick without TMA (cheaper launch)
     (16, True, "graph"),   # under capture: the graph-timed pick
