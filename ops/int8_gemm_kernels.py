@@ -84,15 +84,9 @@ def _int8_gemm_kernel(
     # SPLIT (constexpr) says whether K is split; how many ways is the grid's second axis,
     # so split counts share one compiled kernel.
     # ---- tile order: GROUP_N weight-row tiles x all token tiles run together (L2 reuse)
-    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    per_group = GROUP_N * num_pid_m
-    first_n = (pid // per_group) * GROUP_N
-    group_n = tl.minimum(num_pid_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % per_group) % group_n
-    pid_m = (pid % per_group) // group_n
+    pid_n, pid_m = tile_of(tl.program_id(0), num_pid_n, tl.cdiv(M, BLOCK_M), GROUP_N)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -168,6 +162,16 @@ def _int8_gemm_kernel(
     else:
         _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
                   X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit
+def tile_of(tile, num_pid_n, num_pid_m, GROUP_N: tl.constexpr):
+    """(pid_n, pid_m) of linear tile index ``tile``: GROUP_N weight-row tiles x every token tile
+    per group, so a weight tile is re-read by all token tiles while it is in L2."""
+    per_group = GROUP_N * num_pid_m
+    first_n = (tile // per_group) * GROUP_N
+    group_n = tl.minimum(num_pid_n - first_n, GROUP_N)
+    return first_n + (tile % per_group) % group_n, (tile % per_group) // group_n
 
 
 @triton.jit

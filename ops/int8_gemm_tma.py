@@ -38,18 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .int8_gemm_kernels import _epilogue, unpack_w4
-
-
-@triton.jit
-def _tile_of(tile, num_pid_n, num_pid_m, GROUP_N: tl.constexpr):
-    """(pid_n, pid_m) of linear tile index ``tile``: GROUP_N weight tiles x all token tiles per group."""
-    per_group = GROUP_N * num_pid_m
-    first_n = (tile // per_group) * GROUP_N
-    group_n = tl.minimum(num_pid_n - first_n, GROUP_N)
-    pid_n = first_n + (tile % per_group) % group_n
-    pid_m = (tile % per_group) // group_n
-    return pid_n, pid_m
+from .int8_gemm_kernels import _epilogue, tile_of, unpack_w4
 
 
 @triton.jit
@@ -57,7 +46,7 @@ def _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K
               W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
               X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
-    pid_n, pid_m = _tile_of(tile, num_pid_n, num_pid_m, GROUP_N)
+    pid_n, pid_m = tile_of(tile, num_pid_n, num_pid_m, GROUP_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
