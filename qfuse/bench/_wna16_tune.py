@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from qfuse.ops._autotune import _key_str, _memory, device_name
+from qfuse.ops._autotune import _TUNED_DIR, _key_str, _memory, device_name
 from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, run_config
 from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
@@ -40,11 +40,29 @@ def op_bytes(m: int, n: int, k: int, bits: int, group_size: int, asym: bool, act
     return n * k * bits // 8 + n * groups * (act_bytes + (1 if asym else 0)) + (m * k + m * n) * act_bytes
 
 
-def _jobs(shapes, ms, bits_list, group_size):
+def shipped_config(key: str) -> dict | None:
+    """The config ops/tuned/ ships for ``key`` (a pick_config key string), if any."""
+    gpu = key.split("|")[1]
+    path = _TUNED_DIR / f"{OP}.{gpu}.json"
+    return json.loads(path.read_text()).get(key) if path.is_file() else None
+
+
+def tune_candidates(m, n, k, bits, group_size, families: set[str] | None, dtype: torch.dtype, gpu: str) -> list[dict]:
+    """The exhaustive candidates, or with ``families`` only theirs plus the shipped pick for this
+    key (a re-tune of some families then keeps the old winner where it still wins)."""
+    cands = candidate_configs(m, n, k, bits, group_size, exhaustive=True)
+    if families is None:
+        return cands
+    keep = [c for c in cands if c["kernel"] in families]
+    old = shipped_config(_key_str(OP, (gpu, *config_key(m, n, k, bits, group_size, dtype))))
+    return keep + ([old] if old is not None and old not in keep else [])
+
+
+def _jobs(shapes, ms, bits_list, group_size, families=None, dtype=torch.bfloat16, gpu="cpu"):
     for n, k in shapes:
         for bits in bits_list:
             for m in ms:
-                for cfg in candidate_configs(m, n, k, bits, group_size, exhaustive=True):
+                for cfg in tune_candidates(m, n, k, bits, group_size, families, dtype, gpu):
                     yield n, k, bits, m, cfg
 
 
@@ -68,13 +86,14 @@ def _compile_worker(args) -> int:
     return done
 
 
-def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int, log=print, worker=_compile_worker) -> None:
+def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int, log=print, worker=_compile_worker, families=None) -> None:
     """Compile every candidate once, in ``workers`` processes sharing Triton's disk cache.
 
     Jobs with the same compiled signature (config, bits, M == 1, M % 16 == 0) go to one
     worker, so no two workers compile the same kernel."""
     buckets: list[list] = [[] for _ in range(workers)]
-    for job in _jobs(shapes, ms, bits_list, group_size):
+    gpu = device_name(torch.device("cuda")) if torch.cuda.is_available() else "cpu"
+    for job in _jobs(shapes, ms, bits_list, group_size, families, dtype, gpu):
         n, k, bits, m, cfg = job
         sig = (bits, m == 1, m % 16 == 0, n % 16 == 0, tuple(sorted(cfg.items())))
         buckets[hash(sig) % workers].append(job)
@@ -88,11 +107,13 @@ def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int, log
         log(f"precompile: a compile worker died ({e}); the rest compile while timing, where the same config would stop the run")
 
 
-def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8, cache_file: Path | None = None, log=print, device: str = "cuda") -> dict:
+def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8, cache_file: Path | None = None, log=print, device: str = "cuda",
+         families: set[str] | None = None) -> dict:
     """Time every candidate per (shape, M bucket, bits); keep the fastest in the in-process
-    cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}."""
+    cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}.
+    ``families``: time only those kernel families and the shipped pick (:func:`tune_candidates`)."""
     if workers > 1:
-        precompile(shapes, ms, bits_list, group_size, dtype, asym, workers, log=log)
+        precompile(shapes, ms, bits_list, group_size, dtype, asym, workers, log=log, families=families)
     dev = torch.device(device)
     best_all: dict[str, dict] = {}
     for n, k in shapes:
@@ -107,7 +128,7 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                 ref = wna16_gemm_ref(x, *copies[0], None, bits, group_size).float()
                 tol = 2 * torch.finfo(dtype).eps * ref.abs().max().item()  # the kernel tests' tolerance
                 timings = []
-                for cfg in candidate_configs(m, n, k, bits, group_size, exhaustive=True):
+                for cfg in tune_candidates(m, n, k, bits, group_size, families, dtype, device_name(dev)):
                     calls = [lambda c=c, cfg=cfg: run_config(cfg, x, *c, None, bits, group_size) for c in copies]
                     try:
                         err = (calls[0]().float() - ref).abs().max().item()

@@ -38,11 +38,17 @@ def _args(argv):
     p.add_argument("--asym", action="store_true", help="with zero points (default: symmetric)")
     p.add_argument("--out", default="bench_results/gemm", help="output folder for CSV / PNG / tuned JSON")
     p.add_argument("--tune", action="store_true", help="measure every candidate config first (slow)")
+    p.add_argument("--tune-families", nargs="+", default=None, metavar="KERNEL",
+                   help="with --tune: time only these kernel families (e.g. tiled_words) and the shipped pick of each key")
     p.add_argument("--tune-workers", type=int, default=12, help="processes compiling candidates in parallel")
     p.add_argument("--precompile-only", action="store_true", help="only compile the --tune candidates (parallel), then exit")
     p.add_argument("--no-gemlite", action="store_true")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
     return p.parse_args(argv)
+
+
+def _families(args) -> set[str] | None:
+    return set(args.tune_families) if args.tune_families else None
 
 
 def _tinygemm_weights(codes: torch.Tensor, k: int, group: int):
@@ -93,10 +99,10 @@ def main(argv=None) -> int:
     if args.precompile_only:
         from ._wna16_tune import precompile
 
-        precompile(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers)
+        precompile(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, families=_families(args))
         return 0
     if args.tune:
-        tune(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, out_dir / "wna16_gemm.tuned.json", log)
+        tune(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, out_dir / "wna16_gemm.tuned.json", log, families=_families(args))
     gl_version = None if args.no_gemlite else _setup_gemlite(log)
     bw = hbm_bandwidth()
     log(f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version}")

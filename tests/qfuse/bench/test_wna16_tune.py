@@ -25,3 +25,21 @@ def test_precompile_logs_nothing_when_workers_finish():
     logged = []
     precompile([(64, 256)], [16], [4], 128, "bfloat16", False, workers=2, log=logged.append, worker=len)
     assert logged == []
+
+
+def test_tune_families_keeps_the_shipped_pick():
+    """--tune-families times only those families, plus the config shipped for the key (so a
+    partial re-tune cannot drop an old winner from another family)."""
+    import torch
+
+    from qfuse.bench._wna16_tune import shipped_config, tune_candidates
+    from qfuse.ops._autotune import _key_str
+    from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key
+
+    m, n, k = 256, 4096, 4096
+    old = shipped_config(_key_str(OP, ("NVIDIA_H200", *config_key(m, n, k, 4, 128, torch.bfloat16))))
+    assert old is not None and old["kernel"] != "tiled_words"  # the H200 pick of this key is another family
+    cands = tune_candidates(m, n, k, 4, 128, {"tiled_words"}, torch.bfloat16, "NVIDIA_H200")
+    assert cands[-1] == old and all(c["kernel"] == "tiled_words" for c in cands[:-1])
+    assert len(cands) - 1 == sum(c["kernel"] == "tiled_words" for c in candidate_configs(m, n, k, 4, 128, exhaustive=True))
+    assert tune_candidates(m, n, k, 4, 128, None, torch.bfloat16, "cpu") == candidate_configs(m, n, k, 4, 128, exhaustive=True)
