@@ -176,7 +176,7 @@ def _w4a16_tiled_planes_kernel(
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, HALVES: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    SWAP_AB: tl.constexpr, HALVES: tl.constexpr, JOIN: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     pid_k, offs_m, offs_n, rm, rn, k_start = tile_coords(M, N, K_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
@@ -195,7 +195,8 @@ def _w4a16_tiled_planes_kernel(
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:
             g = tl.minimum(k0 // GROUP, G - 1)  # clamp: masked tail tiles past K
-            s = tl.load(s_ptr + rn * G + g).to(tl.float32)
+            s_raw = tl.load(s_ptr + rn * G + g)  # dtype
+            s = s_raw.to(tl.float32)
             if HAS_ZEROS:
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -214,25 +215,39 @@ def _w4a16_tiled_planes_kernel(
         else:  # past K: activations 0, so the (u - z) of the padding codes add nothing
             xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=w_mask, other=0)
-        if SWAP_AB:
-            part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32) if GROUP != -1 else acc
-        else:
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUP != -1 else acc
-        if HALVES:
-            w0, w1, w2, w3 = half_planes(b, z, dtype, ASM)
-            x0, x1, x2, x3 = _split4(xt, BLOCK_M, BH4)
-            part = _acc4(part, w0, w1, w2, w3, x0, x1, x2, x3, SWAP_AB, DOT_F32)
-        else:
-            lo, hi = nibble_planes(b, z, dtype, ASM)  # [BLOCK_N, BH] each: even / odd k
-            x_even, x_odd = tl.split(tl.reshape(xt, (BLOCK_M, BH, 2)))  # [BLOCK_M, BH] each
-            if SWAP_AB:  # acc^T [BLOCK_N, BLOCK_M] = w @ x^T: the weights are the MMA's A operand
-                part = mma(hi, tl.trans(x_odd), mma(lo, tl.trans(x_even), part, DOT_F32), DOT_F32)
+        if JOIN:  # planes back in natural K order: acc^T += (w * s) @ x^T, nothing else in the loop
+            if HALVES:
+                w0, w1, w2, w3 = half_planes(b, z, dtype, ASM)
+                w = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_N, BLOCK_K))
             else:
-                part = mma(x_odd, tl.trans(hi), mma(x_even, tl.trans(lo), part, DOT_F32), DOT_F32)
-        if GROUP != -1:
-            acc += part * (s[:, None] if SWAP_AB else s[None, :])
+                lo, hi = nibble_planes(b, z, dtype, ASM)
+                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+            if GROUP != -1:  # one rounding of the exact (u - z) * s, as the reference
+                if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
+                    w = (w.to(tl.float32) * s[:, None]).to(dtype)
+                else:
+                    w = w * s_raw[:, None]
+            acc = mma(w, tl.trans(xt), acc, DOT_F32)
         else:
-            acc = part
+            if SWAP_AB:
+                part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32) if GROUP != -1 else acc
+            else:
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) if GROUP != -1 else acc
+            if HALVES:
+                w0, w1, w2, w3 = half_planes(b, z, dtype, ASM)
+                x0, x1, x2, x3 = _split4(xt, BLOCK_M, BH4)
+                part = _acc4(part, w0, w1, w2, w3, x0, x1, x2, x3, SWAP_AB, DOT_F32)
+            else:
+                lo, hi = nibble_planes(b, z, dtype, ASM)  # [BLOCK_N, BH] each: even / odd k
+                x_even, x_odd = tl.split(tl.reshape(xt, (BLOCK_M, BH, 2)))  # [BLOCK_M, BH] each
+                if SWAP_AB:  # acc^T [BLOCK_N, BLOCK_M] = w @ x^T: the weights are the MMA's A operand
+                    part = mma(hi, tl.trans(x_odd), mma(lo, tl.trans(x_even), part, DOT_F32), DOT_F32)
+                else:
+                    part = mma(x_odd, tl.trans(hi), mma(x_even, tl.trans(lo), part, DOT_F32), DOT_F32)
+            if GROUP != -1:
+                acc += part * (s[:, None] if SWAP_AB else s[None, :])
+            else:
+                acc = part
 
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -248,6 +263,7 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         x = x.contiguous()
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     halves = cfg.get("PLANES", 2) == 4
+    join = bool(cfg.get("JOIN", False))
     if halves and (block_k < 64 or k % 4):
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
     if halves and qweight.storage_offset() % 2:  # an int16 view needs a 2-byte aligned storage offset
@@ -259,7 +275,7 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         bias if bias is not None else scales, out, ws, counts, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
-        SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALVES=halves, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        SWAP_AB=bool(cfg.get("SWAP_AB", False)) or join, HALVES=halves, JOIN=join, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     return out

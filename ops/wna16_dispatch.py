@@ -15,6 +15,8 @@ A config is a dict whose ``"kernel"`` names the family:
   PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair;
   ops/w4a16_tiled_planes.py); measured best at M = 2-32 on every shape timed (M = 16:
   1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels);
+* ``"tiled_tma"`` (4-bit, M bucket >= 128, K % 32 == 0): large weight-major tiles fed by TMA,
+  PTX planes joined to natural K order as wgmma's register A operand (ops/w4a16_tma.py);
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -31,6 +33,7 @@ from torch import Tensor
 
 from ._autotune import m_bucket, offered, pick_config, split_k_choices
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
+from .w4a16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
 
 OP = "wna16_gemm"
@@ -110,24 +113,70 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                           "SCALE_AFTER_DOT": False, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
     if tiled_words_supported(k, bits):
         tiled = [c for c in cands if c["kernel"] == "tiled"]
-        cands += [{**c, "kernel": "tiled_words", "SWAP_AB": True} for c in tiled if c["BLOCK_M"] <= 64]
+        swapped = [{**c, "kernel": "tiled_words", "SWAP_AB": True} for c in tiled if c["BLOCK_M"] <= 64]
+        cands += swapped
+        if bits == 4 and exhaustive:
+            cands += [{**c, "HALF_PLANES": True} for c in swapped if c["BLOCK_K"] >= 64]
         cands += [{**c, "kernel": "tiled_words"} for c in tiled]
+        if mb >= 64:
+            cands += _swap_words_configs(mb, gk, bits, exhaustive)
     if bits == 4:
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
+    if bits == 4 and mb >= 128 and tma_supported(k):
+        for bm, bn, bk, warps, stages in _weight_major_tiles(mb, exhaustive):
+            bk = min(bk, gk)
+            # split-K where the grid has fewer than ~2 tiles per SM (N = 4096 or 8192 at M = 256)
+            # (at most 4: each split adds a float32 [M, N] partial to write and reread)
+            split = _split_for(_cdiv(m, bm) * _cdiv(n, bn), k, bk, sms)
+            for sp in [s for s in (1, 2, 4) if s <= split]:
+                cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
+                              "num_warps": warps, "num_stages": stages})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
     # the family measured fastest on the H200 for this M: at M = 1 a GEMV (the word GEMV where
     # offered); 4-bit at M = 2..32 tiled_planes (fastest at every such point timed, runs E / F);
-    # otherwise the tiled kernel, which the candidate list already starts with
+    # 4-bit at M >= 128 the TMA tiles; otherwise the tiled kernel, which the list starts with
     if mb == 1:
         first = "gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv"
     elif mb <= 32 and any(c["kernel"] == "tiled_planes" for c in cands):
         first = "tiled_planes"
+    elif any(c["kernel"] == "tiled_tma" for c in cands):  # 4-bit M >= 128: best at M = 128-1024 (BENCHMARKS.md, run 5)
+        first = "tiled_tma"
     else:
         first = "tiled"
     cands.sort(key=lambda c: c["kernel"] != first)  # stable: the family's own order is kept
     return cands
+
+
+def _weight_major_tiles(mb: int, exhaustive: bool) -> list[tuple[int, int, int, int, int]]:
+    """(tokens BLOCK_M, weight rows BLOCK_N, BLOCK_K, warps, stages) of the large weight-major
+    tiles for M bucket ``mb`` (tokens up to twice the bucket)."""
+    tiles = [(128, 64, 64, 4, 4), (128, 128, 64, 4, 3), (128, 128, 64, 8, 4), (256, 64, 64, 4, 3),
+             (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 8, 4)]
+    if exhaustive:
+        tiles += [(128, 256, 64, 8, 3), (256, 128, 128, 8, 2), (256, 128, 64, 8, 4), (256, 64, 64, 4, 4)]
+    return [t for t in tiles if t[0] <= 2 * mb]
+
+
+def _swap_words_configs(mb: int, gk: int, bits: int, exhaustive: bool) -> list[dict]:
+    """Large ops/wna16_tiled_words.py tiles with the weights as wgmma's register A operand and
+    the activations (up to 256 tokens: wgmma's N side) as its shared-memory B operand, group
+    scale folded into the weights. Triton keeps that wgmma asynchronous (PTX: ``wait_group 3`` /
+    ``7``, the dot split into K = 16 pieces): the next tile's dequantization overlaps the MMAs.
+    The non-swapped tiles store the dequantized weights as the B operand to shared memory inside
+    the loop, which makes each slice's wgmma synchronous (``wait_group 0``; triton 3.6 / 3.7.1).
+    sm_90 registers (triton 3.6, 4-bit, g128): 128-238, no spills, so 4-warp tiles up to
+    128 x 128 fit two programs per SM. 4-bit: with and without the PTX half planes."""
+    out = []
+    for bm, bn, bk, warps, stages in _weight_major_tiles(mb, exhaustive):
+        c = {"kernel": "tiled_words", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(bk, gk), "SPLIT_K": 1, "SCALE_AFTER_DOT": False,
+             "GROUP_M": 8, "SWAP_AB": True, "num_warps": warps, "num_stages": stages}
+        if bits == 4:
+            out.append({**c, "HALF_PLANES": True})
+        if bits == 8 or exhaustive:
+            out.append(c)
+    return out
 
 
 def _planes_configs(cands: list[dict], mb: int, k: int, gk: int, exhaustive: bool) -> list[dict]:
@@ -144,7 +193,19 @@ def _planes_configs(cands: list[dict], mb: int, k: int, gk: int, exhaustive: boo
         out.append({**c, "kernel": "tiled_planes", "SWAP_AB": True, "PLANES": 2})
         if exhaustive:
             out.append({**c, "kernel": "tiled_planes", "SWAP_AB": False, "PLANES": 2})
+        # JOIN: planes joined back to natural K order, the scale on the weights: one asynchronous
+        # wgmma per slice (register A = weights, pipelined shared B = activations)
+        join = {**c, "kernel": "tiled_planes", "SWAP_AB": True, "JOIN": True, "SCALE_AFTER_DOT": False}
+        out.append({**join, "PLANES": 4 if four_ok and c["BLOCK_K"] >= 64 else 2})
+        if exhaustive and four_ok and c["BLOCK_K"] >= 64:
+            out.append({**join, "PLANES": 2})
     if mb >= 64:
+        for bm, bn, bk, warps, stages in _weight_major_tiles(mb, exhaustive):
+            bk = min(bk, gk)
+            for planes in (4, 2) if exhaustive else (4,):
+                if planes == 2 or (four_ok and bk >= 64):
+                    out.append({"kernel": "tiled_planes", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8, "SWAP_AB": True,
+                                "JOIN": True, "SCALE_AFTER_DOT": False, "PLANES": planes, "num_warps": warps, "num_stages": stages})
         for bm, bn, bk, warps, stages in ((64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3)):
             bk = min(bk, gk)
             if bm <= 2 * mb:
@@ -174,6 +235,10 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
         from .w4a16_tiled_planes import w4a16_tiled_planes
 
         return w4a16_tiled_planes(x, qweight, scales, zeros, bias, group_size, cfg)
+    if kind == "tiled_tma":
+        from .w4a16_tma import w4a16_tma
+
+        return w4a16_tma(x, qweight, scales, zeros, bias, group_size, cfg)
     if kind == "dequant_mm":
         from ._wna16_common import dequantize_triton
 

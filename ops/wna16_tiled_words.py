@@ -39,6 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._wna16_common import mma, output_buffers, store_tile, tile_coords
+from .w4a16_tiled_planes import half_planes
 from .wna16_tiled import k_plan
 
 
@@ -99,10 +100,10 @@ def _wna16_tiled_words_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr,
+    DOT_F32: tl.constexpr, SWAP_AB: tl.constexpr, HALF_PLANES: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS
-    BLOCK_W: tl.constexpr = BLOCK_K // CPW
+    BLOCK_W: tl.constexpr = BLOCK_K // CPW if not HALF_PLANES else BLOCK_K // 4  # int32 words, or int16 halves
     pid_k, offs_m, offs_n, rm, rn, k_start = tile_coords(M, N, K_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
 
@@ -122,7 +123,7 @@ def _wna16_tiled_words_kernel(
             if HAS_ZEROS:
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_w = k0 // CPW + tl.arange(0, BLOCK_W)
+        offs_w = k0 // (CPW if not HALF_PLANES else 4) + tl.arange(0, BLOCK_W)
         x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
         w_ptrs = qw_ptr + rn[:, None] * KW + offs_w[None, :]
         if EVEN_K:
@@ -131,7 +132,11 @@ def _wna16_tiled_words_kernel(
         else:
             xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
             words = tl.load(w_ptrs, mask=(offs_w < KW)[None, :], other=0)
-        w = _dequant_words(words, MASK, MAGIC_BITS, z, BITS).to(dtype)  # [BLOCK_N, BLOCK_K] u - z, exact
+        if HALF_PLANES:  # 4-bit, int16 halves: PTX planes (k = 4h + t) joined back to natural K order
+            p0, p1, p2, p3 = half_planes(words, z, dtype, ASM)
+            w = tl.reshape(tl.join(tl.join(p0, p2), tl.join(p1, p3)), (BLOCK_N, BLOCK_K))
+        else:
+            w = _dequant_words(words, MASK, MAGIC_BITS, z, BITS).to(dtype)  # [BLOCK_N, BLOCK_K] u - z, exact
         if GROUP != -1 and not SCALE_AFTER_DOT:
             # dtype(u - z) * s rounds the exact product once, as the reference's float32 product
             # then rounding does; on the GPU one packed multiply per two codes (HMUL2) instead
@@ -173,7 +178,9 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
-    words = qweight.view(torch.int32)  # [N, K * bits / 32]: the byte layout read 4 bytes at a time
+    half_planes = bool(cfg.get("HALF_PLANES", False)) and bits == 4
+    # [N, K * bits / 32]: the byte layout read 4 bytes at a time (or 2 bytes: int16 halves)
+    words = qweight.view(torch.int16 if half_planes else torch.int32)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_tiled_words_kernel[grid](
@@ -182,6 +189,6 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
-        SWAP_AB=bool(cfg.get("SWAP_AB", False)), num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+        SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALF_PLANES=half_planes, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     return out

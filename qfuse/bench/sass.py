@@ -48,7 +48,8 @@ def _spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict
                "M": "i32", "N": "i32", "K": "i32", "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
         consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), EVEN_K=True,
                       BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=8,
-                      SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALVES=halves, ASM=True, DOT_F32=False)
+                      SWAP_AB=bool(cfg.get("SWAP_AB", False)) or bool(cfg.get("JOIN", False)), HALVES=halves,
+                      JOIN=bool(cfg.get("JOIN", False)), ASM=True, DOT_F32=False)
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_K"] // 2
     int8 = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32"}
     if kernel == "w4a8_gemv":

@@ -1,7 +1,8 @@
-"""Compile ops/w4a16_tiled_planes.py's kernel for sm_90 without a GPU (run as a subprocess by
-tests/ops/test_w4a16_tiled_planes.py). Its inline PTX cannot run under the Triton interpreter,
-and a malformed asm operand list ends the compiling process with an LLVM abort, so this is
-the CPU-side check that the PTX assembles for Hopper with the installed Triton."""
+"""Compile ops/w4a16_tiled_planes.py's and ops/w4a16_tma.py's kernels for sm_90 without a GPU (run
+as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_w4a16_tma.py). Their
+inline PTX cannot run under the Triton interpreter, and a malformed asm operand list ends the
+compiling process with an LLVM abort, so this is the CPU-side check that the PTX assembles for
+Hopper with the installed Triton."""
 
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E402
+from qfuse.ops.w4a16_tma import _w4a16_tma_kernel  # noqa: E402
 
 
-def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool) -> None:
+def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> None:
     sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i16" if planes == 4 else "*u8", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
     consts = dict(GROUP=128, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, EVEN_K=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                  GROUP_M=8, SWAP_AB=swap, HALVES=planes == 4, ASM=True, DOT_F32=False)
+                  GROUP_M=8, SWAP_AB=swap or join, HALVES=planes == 4, JOIN=join, ASM=True, DOT_F32=False)
     # pointers (and, with ``aligned``, the integer arguments) 16-divisible, as Triton specializes real launches:
     # the layout it then picks changes how the asm's operands are packed
     divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or (aligned and name != "M")]
@@ -32,8 +34,28 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
     assert kernel.asm["cubin"]
 
 
+def compile_tma(dtype: str, group: int, zeros: bool, split_k: int) -> None:
+    """ops/w4a16_tma.py's kernel (TMA descriptors of the activations and packed bytes)."""
+    bm, bn, bk = 128, 64, 64
+    sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk // 2}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
+           "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+           "G": "i32", "K_PER_SPLIT": "i32"}
+    consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                  ASM=True, DOT_F32=False)
+    divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
+    src = ASTSource(fn=_w4a16_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
+    assert kernel.asm["cubin"]
+
+
 if __name__ == "__main__":
     for case in sys.argv[1:]:
-        dtype, planes, swap, zeros, aligned = case.split(",")
-        compile_planes(dtype, int(planes), swap == "1", zeros == "1", aligned == "1")
+        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k
+            _, dtype, group, zeros, split_k = case.split(",")
+            compile_tma(dtype, int(group), zeros == "1", int(split_k))
+            print("compiled", case, flush=True)
+            continue
+        dtype, planes, swap, zeros, aligned, *join = case.split(",")  # optional 6th field: JOIN
+        compile_planes(dtype, int(planes), swap == "1", zeros == "1", aligned == "1", join == ["1"])
         print("compiled", case, flush=True)

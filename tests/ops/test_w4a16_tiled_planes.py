@@ -55,6 +55,26 @@ def test_interpreter_four_planes(group_size, split_k, swap_ab):
     assert_close_to_ref(w4a16_tiled_planes(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
 
+@pytest.mark.parametrize("group_size,planes,cfg", [(g, p, c) for g in (-1, 32, 64) for p in (2, 4) for c in range(len(CFGS))
+                                                    if p == 2 or (g != 32 and CFGS[c]["BLOCK_K"] >= 64)])  # 4 planes: BLOCK_K >= 64
+def test_interpreter_join(group_size, planes, cfg):
+    """JOIN: the planes joined back to natural K order, the group scale on the weights, one dot."""
+    i = cfg + planes // 2 + (group_size > 0)
+    dtype = (torch.float16, torch.bfloat16)[i % 2]
+    x, qw, s, z, b = make_problem(7 + 10 * cfg, 40, 128, 4, group_size, dtype, asym=i % 3 != 0, bias=i % 2 == 0)
+    out = w4a16_tiled_planes(x, qw, s, z, b, group_size, {**CFGS[cfg], "JOIN": True, "PLANES": planes})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
+
+
+@pytest.mark.parametrize("planes", [2, 4])
+def test_tolerance_catches_swapped_planes_join(planes):
+    x, qw, s, z, b = make_problem(2, 32, 128, 4, 64, torch.bfloat16, asym=True, bias=False)
+    swapped = ((qw >> 4) | (qw << 4)).contiguous()
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(w4a16_tiled_planes(x, swapped, s, z, b, 64, {**CFGS[0], "BLOCK_K": 64, "JOIN": True, "PLANES": planes}),
+                            x, qw, s, z, b, 4, 64)
+
+
 def test_four_planes_need_whole_mma_depth():
     x, qw, s, z, b = make_problem(2, 16, 128, 4, 32, torch.bfloat16, asym=False, bias=False)
     with pytest.raises(ValueError, match="BLOCK_K >= 64"):
@@ -94,6 +114,9 @@ GPU_CFGS = [
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "SWAP_AB": True, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": True, "PLANES": 4, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 256, "SPLIT_K": 1, "SWAP_AB": False, "PLANES": 4, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "JOIN": True, "PLANES": 4, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 1, "JOIN": True, "PLANES": 2, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "JOIN": True, "PLANES": 4, "num_warps": 8, "num_stages": 4},
 ]
 
 
@@ -112,7 +135,7 @@ def test_gpu_configs(cfg, group_size, dtype, asym):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("cfg", [0, 4])
+@pytest.mark.parametrize("cfg", [0, 4, 6, 7])
 def test_gpu_extreme_codes(dtype, cfg):
     x, _, s, _, _ = make_problem(5, 256, 512, 4, 128, dtype, asym=False, bias=False, device="cuda")
     qw, z = _codes_at_the_extremes(256, 512, 128)
@@ -134,14 +157,16 @@ def test_unaligned_weight_storage(planes):
 
 def test_ptx_compiles_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton (no GPU needed): dtype x
-    planes x SWAP_AB x zero points x argument specialization, in a covering set of 8."""
+    planes x SWAP_AB x zero points x argument specialization, in a covering set of 8; and
+    the JOIN form (planes joined back to natural K order) in 4 more."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     cases = ["bf16,4,1,1,1", "bf16,4,0,0,0", "fp16,4,1,0,1", "fp16,4,0,1,0",
-             "bf16,2,1,0,0", "bf16,2,0,1,1", "fp16,2,1,1,1", "fp16,2,0,0,0"]
+             "bf16,2,1,0,0", "bf16,2,0,1,1", "fp16,2,1,1,1", "fp16,2,0,0,0",
+             "bf16,4,1,1,1,1", "fp16,4,1,0,0,1", "bf16,2,1,0,1,1", "fp16,2,1,1,0,1"]  # JOIN
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(root / "tests/ops/_compile_sm90.py"), *cases], cwd=root, env=env,

@@ -174,12 +174,17 @@ def test_candidate_families_by_m_bucket(m):
     assert ("gemv_words" in kinds) == (m <= 2)
     assert ("tiled_words" in kinds) == ("tiled" in kinds)
     assert "tiled_words" not in {c["kernel"] for c in candidate_configs(m, 4096, 4094, 4, -1)}  # K not whole words
-    swapped = [c for c in cands if c.get("SWAP_AB") and c["kernel"] == "tiled_words"]
-    assert len(swapped) == sum(c["kernel"] == "tiled" and c["BLOCK_M"] <= 64 for c in cands) > 0
+    swapped = [c for c in cands if c.get("SWAP_AB") and c["kernel"] == "tiled_words" and not c.get("HALF_PLANES")]
+    assert len(swapped) >= sum(c["kernel"] == "tiled" and c["BLOCK_M"] <= 64 for c in cands) > 0
+    # the large weight-major tiles (M bucket >= 64): tokens up to twice the bucket, 4-bit with PTX half planes
+    big = [c for c in cands if c["kernel"] == "tiled_words" and c.get("HALF_PLANES")]
+    assert bool(big) == (m >= 64) and all(c["SWAP_AB"] and c["BLOCK_M"] <= 2 * m and not c["SCALE_AFTER_DOT"] for c in big)
+    big8 = [c for c in candidate_configs(m, 4096, 4096, 8, 128) if c["kernel"] == "tiled_words" and c.get("SWAP_AB") and c["BLOCK_M"] >= 128]
+    assert bool(big8) == (m >= 64) and not any("HALF_PLANES" in c for c in big8)
     planes = [c for c in cands if c["kernel"] == "tiled_planes"]  # 4-bit only; 4 planes need BLOCK_K >= 64
     assert planes and all(c["SWAP_AB"] and (c["BLOCK_K"] >= 64 or c["PLANES"] == 2) for c in planes)
     assert not any(c["kernel"] == "tiled_planes" for c in candidate_configs(m, 4096, 4096, 8, 128))
-    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled_planes" if m <= 32 else "tiled")
+    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled_planes" if m <= 32 else "tiled_tma" if m >= 128 else "tiled")
     assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
 
@@ -224,6 +229,26 @@ def test_tiled_words_kernel_interpreter(bits, group_size, cfg, swap_ab):
     x, qw, s, z, b = make_problem(7, 40, 128, bits, group_size, dtype, asym=(cfg + swap_ab) % 2 == 1, bias=i % 3 != 1)
     out = wna16_tiled_words(x, qw, s, z, b, bits, group_size, {**TILED_CFGS[cfg], "SWAP_AB": swap_ab})
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.parametrize("group_size", [-1, 32, 64])
+@pytest.mark.parametrize("cfg", range(len(TILED_CFGS)))
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_tiled_words_half_planes_interpreter(group_size, cfg, swap_ab):
+    """4-bit through int16 halves, planes k = 4h + t joined back to natural K order."""
+    dtype = (torch.float16, torch.bfloat16)[(cfg + swap_ab) % 2]
+    x, qw, s, z, b = make_problem(7, 40, 128, 4, group_size, dtype, asym=(cfg + swap_ab + (group_size > 0)) % 2 == 1, bias=cfg != 1)
+    out = wna16_tiled_words(x, qw, s, z, b, 4, group_size, {**TILED_CFGS[cfg], "SWAP_AB": swap_ab, "HALF_PLANES": True})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
+
+
+def test_tiled_words_half_planes_catches_swapped_planes():
+    """The join order matters: swapping two codes of every half must fail the tolerance."""
+    x, qw, s, z, b = make_problem(5, 32, 128, 4, 32, torch.bfloat16, asym=False, bias=False)
+    swapped = ((qw & 0x0F) << 4) | (qw >> 4)  # k = 2j <-> 2j + 1
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(wna16_tiled_words(x, swapped, s, z, b, 4, 32, {**TILED_CFGS[0], "SWAP_AB": True, "HALF_PLANES": True}),
+                            x, qw, s, z, b, 4, 32)
 
 
 @pytest.mark.parametrize("bits,m,k", [(4, 33, 104), (8, 2, 100)])  # K: whole words, not whole BLOCK_K tiles

@@ -1,0 +1,115 @@
+"""Large-M tile kernel for 4-bit ``wna16_gemm`` fed by the Tensor Memory Accelerator.
+
+The math of ``wna16_gemm`` (group ``g = k // GROUP``; ``GROUP == -1``: one group per row)::
+
+    w[n, k]    = dtype( (u[n, k] - z[n, g]) * s[n, g] )          one rounding, as the reference
+    out[m, n]  = dtype( sum_k x[m, k] * w[n, k]  (+ bias[n]) )   float32 accumulator
+
+per program: a ``[BLOCK_M tokens, BLOCK_N weight rows]`` output tile over a ``1 / SPLIT_K`` slice
+of K, as ``acc^T [BLOCK_N, BLOCK_M] += w_tile @ x_tile^T`` (split-K: the single-launch ordered sum of
+ops/_wna16_common.py, :func:`finish_split`; for grids of fewer tiles than ~2 per SM, e.g. N = 4096 at
+M = 256):
+
+* both operands arrive by TMA (host ``TensorDescriptor``s of ``x [M, K]`` and of the packed bytes
+  ``[N, K / 2]``), multi-buffered by Triton's pipeliner; the copy engine zero-fills rows past M / N
+  and columns past K (zero activations past K cancel whatever the zero bytes dequantize to), so
+  there are no masks in the loop;
+* the weight bytes are dequantized in registers by ops/w4a16_tiled_planes.py's PTX planes
+  (magic-exponent LOP3 + one packed FMA per code pair), joined back to natural K order, and
+  multiplied by the group scale in the activation dtype: they are wgmma's *register* A operand,
+  the activation tile its shared-memory B operand straight from the TMA buffer. Nothing else uses
+  the accumulator in the loop, so Triton keeps the wgmma asynchronous (the pointer-fed
+  ``tiled_planes`` JOIN form has the same loop with ``cp.async`` loads and address arithmetic).
+
+Per-channel scales multiply the accumulator once, after the loop (``u - z`` is exact in the
+activation dtype). Needs ``K % 32 == 0`` (16-byte rows of packed bytes; :func:`tma_supported`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._wna16_common import grouped_tile, mma, output_buffers, store_tile
+from .w4a16_tiled_planes import nibble_planes
+from .wna16_tiled import split_k_slices
+
+
+@triton.jit(do_not_specialize=["M"])
+def _w4a16_tma_kernel(
+    x_desc, w_desc, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, G, K_PER_SPLIT,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ASM: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    pid_k = tl.program_id(1)
+    k_start = pid_k * K_PER_SPLIT
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = offs_n % N  # rows past N read row n % N's scales (their outputs are masked)
+    dtype: tl.constexpr = x_desc.dtype
+
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_N,), 8.0, tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+        k0 = k_start + kt * BLOCK_K
+        if GROUP != -1:  # BLOCK_K <= GROUP: the tile lies in group k0 // GROUP (clamped: tiles past K)
+            g = tl.minimum(k0 // GROUP, G - 1)
+            s = tl.load(s_ptr + rn * G + g)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + rn * G + g).to(tl.float32)
+        xt = x_desc.load([pid_m * BLOCK_M, k0])  # [BLOCK_M, BLOCK_K]
+        b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
+        lo, hi = nibble_planes(b, z, dtype, ASM)  # u - z, exact
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        if GROUP != -1:
+            if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
+                w = (w.to(tl.float32) * s.to(tl.float32)[:, None]).to(dtype)
+            else:
+                w = w * s[:, None]
+        acc = mma(w, tl.trans(xt), acc, DOT_F32)
+
+    store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+
+
+def tma_supported(k: int) -> bool:
+    """Whether the descriptors can take this K: 16-byte rows of packed bytes (K / 2) and of activations."""
+    return k % 32 == 0
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """``t`` if its data is 16-byte aligned (a TMA descriptor's base), else a contiguous copy."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def w4a16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
+    """Launch with config ``cfg`` (BLOCK_M / N / K, SPLIT_K, GROUP_M, num_warps, num_stages;
+    arguments already checked by the op; 4-bit)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = x.shape
+    n = qweight.shape[0]
+    if not tma_supported(k):
+        raise ValueError(f"w4a16_tma: K={k} is not a multiple of 32 (16-byte TMA rows of packed bytes)")
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    bk = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
+    split_k = cfg.get("SPLIT_K", 1)
+    k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
+    x, qweight = _aligned(x.contiguous()), _aligned(qweight.contiguous())
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0])
+    _w4a16_tma_kernel[grid](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(qweight, [bn, bk // 2]),
+        scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
+        m, n, k, scales.shape[1], k_per_split,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
+    return out
