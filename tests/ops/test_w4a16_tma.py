@@ -93,15 +93,18 @@ def test_ptx_compiles_for_sm90():
 
 # ---------------------------------------------------------------- GPU: real descriptors, PTX planes
 
+# (group, dtype, zero points): a covering set, each value of each twice (every combination compiles
+# its own ~15 configs x 2 shape specializations; all 16 took most of a 380 s GPU run)
+GPU_QUANT = [(-1, torch.bfloat16, True), (32, torch.float16, False), (64, torch.bfloat16, False), (128, torch.float16, True)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("asym", [False, True])
+@pytest.mark.parametrize("group_size,dtype,asym", GPU_QUANT)
 def test_gpu_every_config(group_size, dtype, asym):
-    """Every config the dispatcher offers for this family, at decode-to-prefill M and odd shapes."""
+    """Every config the dispatcher offers for this family, at prefill M and odd shapes (N % 16 != 0)."""
     for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944))):
         x, qw, s, z, b = make_problem(m, n, k, 4, group_size, dtype, asym, bias=m % 2 == 0, device="cuda")
-        for cfg in candidate_configs(m, n, k, 4, group_size, exhaustive=True):
+        for cfg in candidate_configs(m, n, k, 4, group_size):
             if cfg["kernel"] == "tiled_tma":
                 assert_close_to_ref(w4a16_tma(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
