@@ -69,6 +69,20 @@ def device_name(device: torch.device | None = None) -> str:
     return _device_names[idx]
 
 
+_sm_counts: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (the launchers size split-K and persistent grids by
+    it); 132, an H200's, off CUDA, where the interpreter runs the kernels (CPU tests)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_counts[idx]
+
+
 def cache_path() -> Path:
     env = os.environ.get("QFUSE_AUTOTUNE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "qfuse" / "autotune.json"

@@ -412,19 +412,6 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     return list({str(c): c for c in out}.values())
 
 
-_SMS: dict = {}
-
-
-def _sm_count(device) -> int:
-    if device.type != "cuda":
-        return 132
-    if device not in _SMS:
-        import torch
-
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
-
-
 def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, config: dict):
     """Launch the kernel with ``config``; arguments already checked by the op. Returns [M, N]."""
     import torch
@@ -450,9 +437,10 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         w8_cfg = {key: v for key, v in config.items() if key != "KERNEL"}
         return run_int8_gemm(xq, x_scale, w4_to_int8(w, group_scale), w_scale, None, bias, out_dtype, w4=False, config=w8_cfg)
     if config.get("TMA"):
+        from ._autotune import sm_count
         from .int8_gemm_tma import run_int8_gemm_tma
 
-        return run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config, _sm_count(xq.device), w4=w4)
+        return run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config, sm_count(xq.device), w4=w4)
     cfg = dict(config)
     bm, bn, bk, split = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K"), cfg.pop("SPLIT_K")
     group_n, warps, stages = cfg.pop("GROUP_N"), cfg.pop("num_warps"), cfg.pop("num_stages")
@@ -502,7 +490,7 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     is being captured, the op takes the best config without TMA instead (its own key,
     ``<op>_eager``: shipped, cached or measured like any other). Both compute the same bits.
     """
-    from ._autotune import _capturing, m_bucket, offered, pick_config
+    from ._autotune import _capturing, m_bucket, offered, pick_config, sm_count
 
     m, k = xq.shape
     n = w.shape[0]
@@ -510,7 +498,7 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     on_gpu = xq.device.type == "cuda"
 
     def cands() -> list[dict]:  # built only on a cache miss (pick_config); opt-in families: see is_experimental
-        return offered(candidate_configs(m, n, k, group_size, _sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu),
+        return offered(candidate_configs(m, n, k, group_size, sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu),
                        is_experimental)
 
     def run(c):

@@ -31,24 +31,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import m_bucket, offered, pick_config, split_k_choices
+from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from .w4a16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
 
 OP = "wna16_gemm"
-_SMS: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":  # the interpreter (CPU tests): plan as for an H200
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
 def _split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
     """Smallest power-of-two split that puts ~2 programs on every SM, keeping >= 4 K tiles each."""
     split = 1
@@ -269,7 +257,7 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     """Pick the config for this shape (cache / shipped defaults / one measurement) and run it."""
     m, k = x.shape
     n = qweight.shape[0]
-    cands = lambda: usable_configs(m, n, k, bits, group_size, _sm_count(x.device))  # noqa: E731 - built only on a cache miss
+    cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device))  # noqa: E731 - built only on a cache miss
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)
