@@ -7,6 +7,7 @@ Hopper with the installed Triton."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -19,7 +20,7 @@ from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E40
 from qfuse.ops.w4a16_tma import _w4a16_tma_kernel  # noqa: E402
 
 
-def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> None:
+def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> str:
     sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i16" if planes == 4 else "*u8", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
@@ -32,10 +33,11 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
                     attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
     assert kernel.asm["cubin"]
+    return kernel.asm["ptx"]
 
 
-def compile_tma(dtype: str, group: int, zeros: bool, split_k: int) -> None:
-    """ops/w4a16_tma.py's kernel (TMA descriptors of the activations and packed bytes)."""
+def compile_tma(dtype: str, group: int, zeros: bool, split_k: int) -> str:
+    """ops/w4a16_tma.py's kernel (TMA descriptors of the activations and packed bytes); its PTX."""
     bm, bn, bk = 128, 64, 64
     sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk // 2}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
@@ -47,15 +49,21 @@ def compile_tma(dtype: str, group: int, zeros: bool, split_k: int) -> None:
                     attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
     assert kernel.asm["cubin"]
+    return kernel.asm["ptx"]
+
+
+def _waits(ptx: str) -> str:
+    """The kernel's ``wgmma.wait_group`` counts in program order, comma-separated."""
+    return ",".join(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
 
 
 if __name__ == "__main__":
     for case in sys.argv[1:]:
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k
             _, dtype, group, zeros, split_k = case.split(",")
-            compile_tma(dtype, int(group), zeros == "1", int(split_k))
-            print("compiled", case, flush=True)
+            ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k))
+            print("compiled", case, "waits", _waits(ptx), flush=True)
             continue
         dtype, planes, swap, zeros, aligned, *join = case.split(",")  # optional 6th field: JOIN
-        compile_planes(dtype, int(planes), swap == "1", zeros == "1", aligned == "1", join == ["1"])
-        print("compiled", case, flush=True)
+        ptx = compile_planes(dtype, int(planes), swap == "1", zeros == "1", aligned == "1", join == ["1"])
+        print("compiled", case, "waits", _waits(ptx), flush=True)

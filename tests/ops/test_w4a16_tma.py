@@ -75,20 +75,34 @@ def test_dispatcher_offers_it_only_where_it_applies():
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
 
 
-def test_ptx_compiles_for_sm90():
-    """The TMA kernel with the planes PTX compiles for Hopper with the installed Triton."""
+def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
+    """The TMA kernel with the planes PTX compiles for Hopper with the installed Triton, and its
+    loop's wgmma (and the tiled_planes JOIN form's) stays asynchronous: the only ``wgmma.wait_group 0`` is the last wait (after the
+    loop); inside it, every wait leaves MMAs in flight. A change that makes Triton wait for
+    every slice (a use of the accumulator in the loop, a weight operand stored to shared memory
+    in the loop) fails here, on the CPU."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4"]
+    cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4",
+             "bf16,2,1,0,1,1", "fp16,4,1,1,1,1",  # tiled_planes JOIN: the same loop, pointer-fed
+             "bf16,2,1,0,1"]  # control: tiled_planes without JOIN, whose loop is synchronous
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(root / "tests/ops/_compile_sm90.py"), *cases], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("compiled") == len(cases)
+    def asynchronous(line: str) -> bool:
+        # triton 3.6: 3,3,3,3,0 (a wait per K = 16 piece); 3.7.1: 1,1,0; a synchronous loop: 0 per slice
+        waits = [int(w) for w in line.split(" waits ")[1].split(",") if w]
+        return bool(waits[:-1]) and waits[-1] == 0 and 0 not in waits[:-1]
+
+    lines = run.stdout.splitlines()
+    assert all(asynchronous(line) for line in lines[:-1]), lines
+    assert not asynchronous(lines[-1]), lines[-1]  # the check tells a synchronous loop apart
 
 
 # ---------------------------------------------------------------- GPU: real descriptors, PTX planes
