@@ -15,8 +15,9 @@ A config is a dict whose ``"kernel"`` names the family:
   PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair;
   ops/w4a16_tiled_planes.py); measured best at M = 2-32 on every shape timed (M = 16:
   1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels);
-* ``"tiled_tma"`` (4-bit, M bucket >= 128, K % 32 == 0): large weight-major tiles fed by TMA,
-  PTX planes joined to natural K order as wgmma's register A operand (ops/w4a16_tma.py);
+* ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
+  dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
+  M = 128-2048 on the H200; 8-bit and M bucket 64 are opt-in until timed (:func:`is_experimental`);
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
-from .w4a16_tma import tma_supported
+from .wna16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
 
 OP = "wna16_gemm"
@@ -110,7 +111,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             cands += _swap_words_configs(mb, gk, bits, exhaustive)
     if bits == 4:
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
-    if bits == 4 and mb >= 128 and tma_supported(k):
+    if mb >= 64 and tma_supported(k, bits):  # 8-bit, and 4-bit at M bucket 64: opt-in (is_experimental)
         for bm, bn, bk, warps, stages in _weight_major_tiles(mb, exhaustive):
             bk = min(bk, gk)
             # split-K where the grid has fewer than ~2 tiles per SM (N = 4096 or 8192 at M = 256)
@@ -129,7 +130,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         first = "gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv"
     elif mb <= 32 and any(c["kernel"] == "tiled_planes" for c in cands):
         first = "tiled_planes"
-    elif any(c["kernel"] == "tiled_tma" for c in cands):  # 4-bit M >= 128: best at M = 128-1024 (BENCHMARKS.md, run 5)
+    elif bits == 4 and mb >= 128 and any(c["kernel"] == "tiled_tma" for c in cands):  # best at M = 128-1024 (BENCHMARKS.md, sixth session)
         first = "tiled_tma"
     else:
         first = "tiled"
@@ -224,9 +225,9 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
 
         return w4a16_tiled_planes(x, qweight, scales, zeros, bias, group_size, cfg)
     if kind == "tiled_tma":
-        from .w4a16_tma import w4a16_tma
+        from .wna16_tma import wna16_tma
 
-        return w4a16_tma(x, qweight, scales, zeros, bias, group_size, cfg)
+        return wna16_tma(x, qweight, scales, zeros, bias, bits, group_size, cfg)
     if kind == "dequant_mm":
         from ._wna16_common import dequantize_triton
 
@@ -240,13 +241,14 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
 def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132) -> list[dict]:
     """The candidates the op may pick from: opt-in configs (:func:`is_experimental`) only with
     ``QFUSE_EXPERIMENTAL_KERNELS=1``."""
-    return offered(candidate_configs(m, n, k, bits, group_size, sms), is_experimental)
+    return offered(candidate_configs(m, n, k, bits, group_size, sms), lambda c: is_experimental(c, bits, m_bucket(m)))
 
 
-def is_experimental(cfg: dict) -> bool:
+def is_experimental(cfg: dict, bits: int, mb: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``) until timed and gridded on a GPU:
-    the word GEMV with a register cap (``MAXNREG``)."""
-    return "MAXNREG" in cfg
+    the word GEMV with a register cap (``MAXNREG``; timed in the sixth session, never the fastest)
+    and the TMA tiles for 8-bit or at M bucket ``mb`` 64 (interpreter- and sm_90-compile-tested only)."""
+    return "MAXNREG" in cfg or (cfg["kernel"] == "tiled_tma" and (bits == 8 or mb < 128))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

@@ -1,5 +1,5 @@
-"""Compile ops/w4a16_tiled_planes.py's and ops/w4a16_tma.py's kernels for sm_90 without a GPU (run
-as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_w4a16_tma.py). Their
+"""Compile ops/w4a16_tiled_planes.py's and ops/wna16_tma.py's kernels for sm_90 without a GPU (run
+as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_wna16_tma.py). Their
 inline PTX cannot run under the Triton interpreter, and a malformed asm operand list ends the
 compiling process with an LLVM abort, so this is the CPU-side check that the PTX assembles for
 Hopper with the installed Triton."""
@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E402
-from qfuse.ops.w4a16_tma import _w4a16_tma_kernel  # noqa: E402
+from qfuse.ops.wna16_tma import _wna16_tma_kernel  # noqa: E402
 
 
 def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> str:
@@ -36,16 +36,16 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
     return kernel.asm["ptx"]
 
 
-def compile_tma(dtype: str, group: int, zeros: bool, split_k: int) -> str:
-    """ops/w4a16_tma.py's kernel (TMA descriptors of the activations and packed bytes); its PTX."""
+def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4) -> str:
+    """ops/wna16_tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
     bm, bn, bk = 128, 64, 64
-    sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk // 2}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
+    sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk * bits // 8}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "G": "i32", "K_PER_SPLIT": "i32"}
-    consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                  ASM=True, DOT_F32=False)
+    consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  GROUP_M=8, ASM=True, DOT_F32=False)
     divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
-    src = ASTSource(fn=_w4a16_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+    src = ASTSource(fn=_wna16_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
     assert kernel.asm["cubin"]
@@ -59,9 +59,9 @@ def _waits(ptx: str) -> str:
 
 if __name__ == "__main__":
     for case in sys.argv[1:]:
-        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k
-            _, dtype, group, zeros, split_k = case.split(",")
-            ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k))
+        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits]
+            _, dtype, group, zeros, split_k, *bits = case.split(",")
+            ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k), int(bits[0]) if bits else 4)
             print("compiled", case, "waits", _waits(ptx), flush=True)
             continue
         dtype, planes, swap, zeros, aligned, *join = case.split(",")  # optional 6th field: JOIN

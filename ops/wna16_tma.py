@@ -1,4 +1,4 @@
-"""Large-M tile kernel for 4-bit ``wna16_gemm`` fed by the Tensor Memory Accelerator.
+"""Large-M tile kernel for ``wna16_gemm`` (4- and 8-bit) fed by the Tensor Memory Accelerator.
 
 The math of ``wna16_gemm`` (group ``g = k // GROUP``; ``GROUP == -1``: one group per row)::
 
@@ -10,19 +10,23 @@ of K, as ``acc^T [BLOCK_N, BLOCK_M] += w_tile @ x_tile^T`` (split-K: the single-
 ops/_wna16_common.py, :func:`finish_split`; for grids of fewer tiles than ~2 per SM, e.g. N = 4096 at
 M = 256):
 
-* both operands arrive by TMA (host ``TensorDescriptor``s of ``x [M, K]`` and of the packed bytes
-  ``[N, K / 2]``), multi-buffered by Triton's pipeliner; the copy engine zero-fills rows past M / N
-  and columns past K (zero activations past K cancel whatever the zero bytes dequantize to), so
-  there are no masks in the loop;
-* the weight bytes are dequantized in registers by ops/w4a16_tiled_planes.py's PTX planes
-  (magic-exponent LOP3 + one packed FMA per code pair), joined back to natural K order, and
-  multiplied by the group scale in the activation dtype: they are wgmma's *register* A operand,
+* both operands arrive by TMA (host ``TensorDescriptor``s of ``x [M, K]`` and of the weight bytes
+  ``[N, K * BITS / 8]``), multi-buffered by Triton's pipeliner; the copy engine zero-fills rows past
+  M / N and columns past K (zero activations past K cancel whatever the zero bytes dequantize to),
+  so there are no masks in the loop;
+* the weight bytes are dequantized in registers: 4-bit by ops/w4a16_tiled_planes.py's PTX planes
+  (magic-exponent LOP3 + one packed FMA per code pair) joined back to natural K order, 8-bit by the
+  float32 exponent trick (``bitcast(u | 0x4B000000) - (2**23 + z)``, exact; ``|u - z| <= 255`` is
+  exact in bf16 / fp16 too); then multiplied by the group scale in the activation dtype. They are
+  wgmma's *register* A operand,
   the activation tile its shared-memory B operand straight from the TMA buffer. Nothing else uses
   the accumulator in the loop, so Triton keeps the wgmma asynchronous (the pointer-fed
   ``tiled_planes`` JOIN form has the same loop with ``cp.async`` loads and address arithmetic).
 
 Per-channel scales multiply the accumulator once, after the loop (``u - z`` is exact in the
-activation dtype). Needs ``K % 32 == 0`` (16-byte rows of packed bytes; :func:`tma_supported`).
+activation dtype). Needs 16-byte weight rows: ``K % 32 == 0`` for 4-bit, ``K % 16 == 0`` for 8-bit
+(:func:`tma_supported`). The 8-bit form has not run on a GPU yet: the dispatcher offers it only with
+``QFUSE_EXPERIMENTAL_KERNELS=1`` (ops/wna16_dispatch.py, ``is_experimental``).
 """
 
 from __future__ import annotations
@@ -32,15 +36,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import grouped_tile, mma, output_buffers, store_tile
+from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, store_tile
 from .w4a16_tiled_planes import nibble_planes
 from .wna16_tiled import split_k_slices
 
 
 @triton.jit(do_not_specialize=["M"])
-def _w4a16_tma_kernel(
+def _wna16_tma_kernel(
     x_desc, w_desc, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, G, K_PER_SPLIT,
-    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ASM: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
@@ -55,7 +59,7 @@ def _w4a16_tma_kernel(
     if HAS_ZEROS:
         z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
     else:
-        z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        z = tl.full((BLOCK_N,), float(1 << (BITS - 1)), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
@@ -65,9 +69,13 @@ def _w4a16_tma_kernel(
             if HAS_ZEROS:
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         xt = x_desc.load([pid_m * BLOCK_M, k0])  # [BLOCK_M, BLOCK_K]
-        b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
-        lo, hi = nibble_planes(b, z, dtype, ASM)  # u - z, exact
-        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        if BITS == 4:
+            b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
+            lo, hi = nibble_planes(b, z, dtype, ASM)  # u - z, exact
+            w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        else:
+            u = w_desc.load([pid_n * BLOCK_N, k0]).to(tl.int32)  # [BLOCK_N, BLOCK_K] codes
+            w = codes_minus_zero(u, (z + 8388608.0)[:, None]).to(dtype)  # u - z, exact
         if GROUP != -1:
             if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
                 w = (w.to(tl.float32) * s.to(tl.float32)[:, None]).to(dtype)
@@ -78,9 +86,9 @@ def _w4a16_tma_kernel(
     store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
-def tma_supported(k: int) -> bool:
-    """Whether the descriptors can take this K: 16-byte rows of packed bytes (K / 2) and of activations."""
-    return k % 32 == 0
+def tma_supported(k: int, bits: int = 4) -> bool:
+    """Whether the descriptors can take this K: 16-byte rows of weight bytes (K * bits / 8) and of activations."""
+    return k % (32 if bits == 4 else 16) == 0
 
 
 def _aligned(t: Tensor) -> Tensor:
@@ -88,15 +96,16 @@ def _aligned(t: Tensor) -> Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def w4a16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
+def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int,
+              cfg: dict) -> Tensor:
     """Launch with config ``cfg`` (BLOCK_M / N / K, SPLIT_K, GROUP_M, num_warps, num_stages;
-    arguments already checked by the op; 4-bit)."""
+    arguments already checked by the op)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
     n = qweight.shape[0]
-    if not tma_supported(k):
-        raise ValueError(f"w4a16_tma: K={k} is not a multiple of 32 (16-byte TMA rows of packed bytes)")
+    if not tma_supported(k, bits):
+        raise ValueError(f"wna16_tma: K={k} is not a multiple of {32 if bits == 4 else 16} (16-byte TMA rows of {bits}-bit codes)")
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     bk = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
     split_k = cfg.get("SPLIT_K", 1)
@@ -104,11 +113,11 @@ def w4a16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     x, qweight = _aligned(x.contiguous()), _aligned(qweight.contiguous())
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
-    _w4a16_tma_kernel[grid](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(qweight, [bn, bk // 2]),
+    _wna16_tma_kernel[grid](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(qweight, [bn, bk * bits // 8]),
         scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, scales.shape[1], k_per_split,
-        GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""ops/w4a16_tma.py against the reference kernel of ``qfuse::wna16_gemm``.
+"""ops/wna16_tma.py against the reference kernel of ``qfuse::wna16_gemm``.
 
 CPU (CI): the launcher under the Triton interpreter (TMA descriptors interpreted, nibble planes
 from integer ops), and the kernel compiled for sm_90 with its PTX (tests/ops/_compile_sm90.py).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qfuse.ops.w4a16_tma import tma_supported, w4a16_tma
-from qfuse.ops.wna16_dispatch import candidate_configs
+from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, usable_configs
+from qfuse.ops.wna16_tma import tma_supported, wna16_tma
 from tests.ops.test_w4a16_tiled_planes import _codes_at_the_extremes
 from tests.ops.test_wna16_gemm_kernel import assert_close_to_ref, make_problem
 
@@ -21,29 +21,37 @@ CFG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
 
 # ---------------------------------------------------------------- CPU: Triton interpreter
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size,split_k", [(-1, 1), (32, 1), (64, 2), (-1, 3), (128, 2)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("asym", [False, True])
-def test_interpreter(group_size, split_k, dtype, asym):
+def test_interpreter(bits, group_size, split_k, dtype, asym):
     # M and N not multiples of the tile (TMA zero-fills, the store masks); per-channel K = 160 ends
     # in a partial BLOCK_K tile; split 3 of it ends in a split with a tile wholly past K
     k = 160 if group_size == -1 else 256
-    x, qw, s, z, b = make_problem(37, 40, k, 4, group_size, dtype, asym, bias=asym != (split_k == 2))
-    out = w4a16_tma(x, qw, s, z, b, group_size, {**CFG, "SPLIT_K": split_k})
-    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
+    x, qw, s, z, b = make_problem(37, 40, k, bits, group_size, dtype, asym, bias=asym != (split_k == 2))
+    out = wna16_tma(x, qw, s, z, b, bits, group_size, {**CFG, "SPLIT_K": split_k})
+    assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
-def test_interpreter_extreme_codes():
-    x, _, s, _, _ = make_problem(3, 16, 256, 4, 128, torch.bfloat16, asym=False, bias=False)
-    qw, z = _codes_at_the_extremes(16, 256, 128)
-    assert_close_to_ref(w4a16_tma(x, qw, s, z, None, 128, CFG), x, qw, s, z, None, 4, 128)
+def _codes8_at_the_extremes(n, k, group_size):
+    """8-bit codes 0 or 255 and zero points at the other end: |u - z| = 255, the most bf16 holds exactly."""
+    qw = torch.randint(0, 2, (n, k), dtype=torch.uint8) * 255
+    return qw, (255 - qw[:, ::group_size]).contiguous()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_interpreter_extreme_codes(bits):
+    x, _, s, _, _ = make_problem(3, 16, 256, bits, 128, torch.bfloat16, asym=False, bias=False)
+    qw, z = (_codes_at_the_extremes if bits == 4 else _codes8_at_the_extremes)(16, 256, 128)
+    assert_close_to_ref(wna16_tma(x, qw, s, z, None, bits, 128, CFG), x, qw, s, z, None, bits, 128)
 
 
 def test_tolerance_catches_swapped_nibbles():
     x, qw, s, z, b = make_problem(5, 32, 128, 4, 64, torch.bfloat16, asym=True, bias=False)
     swapped = ((qw >> 4) | (qw << 4)).contiguous()  # even and odd k exchanged
     with pytest.raises(AssertionError):
-        assert_close_to_ref(w4a16_tma(x, swapped, s, z, b, 64, CFG), x, qw, s, z, b, 4, 64)
+        assert_close_to_ref(wna16_tma(x, swapped, s, z, b, 4, 64, CFG), x, qw, s, z, b, 4, 64)
 
 
 def test_unaligned_operands_are_copied():
@@ -56,23 +64,35 @@ def test_unaligned_operands_are_copied():
     x_off = xbuf[1:].view(x.shape)
     x_off.copy_(x)
     assert qw_off.data_ptr() % 16 and x_off.data_ptr() % 16
-    assert_close_to_ref(w4a16_tma(x_off, qw_off, s, z, b, -1, CFG), x, qw, s, z, b, 4, -1)
+    assert_close_to_ref(wna16_tma(x_off, qw_off, s, z, b, 4, -1, CFG), x, qw, s, z, b, 4, -1)
 
 
 def test_rejects_k_without_whole_tma_rows():
-    assert tma_supported(4096) and not tma_supported(4080)
+    assert tma_supported(4096) and not tma_supported(4080) and tma_supported(4080, 8) and not tma_supported(4088, 8)
     x, qw, s, z, b = make_problem(2, 16, 112, 4, -1, torch.bfloat16, asym=False, bias=False)
     with pytest.raises(ValueError, match="multiple of 32"):
-        w4a16_tma(x, qw, s, z, b, -1, CFG)
+        wna16_tma(x, qw, s, z, b, 4, -1, CFG)
+    x, qw, s, z, b = make_problem(2, 16, 104, 8, -1, torch.bfloat16, asym=False, bias=False)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        wna16_tma(x, qw, s, z, b, 8, -1, CFG)
 
 
-def test_dispatcher_offers_it_only_where_it_applies():
-    def tma(m, k, bits=4):
-        return [c for c in candidate_configs(m, 4096, k, bits, 128) if c["kernel"] == "tiled_tma"]
+def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
+    def tma(m, k, bits=4, usable=False):
+        cands = usable_configs(m, 4096, k, bits, 128) if usable else candidate_configs(m, 4096, k, bits, 128)
+        return [c for c in cands if c["kernel"] == "tiled_tma"]
 
-    assert tma(256, 4096) and tma(4096, 4096)
-    assert not tma(64, 4096) and not tma(256, 4096, bits=8) and not tma(256, 4080)
+    assert tma(256, 4096) and tma(4096, 4096) and tma(64, 4096) and tma(256, 4096, bits=8)
+    assert not tma(32, 4096) and not tma(256, 4080) and not tma(256, 4088, bits=8)
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
+    # measured on the H200: 4-bit from M bucket 128; 8-bit and M bucket 64 only opt-in until timed
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    assert tma(256, 4096, usable=True) and not tma(64, 4096, usable=True) and not tma(256, 4096, bits=8, usable=True)
+    assert candidate_configs(256, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
+    assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] != "tiled_tma"
+    assert all(is_experimental(c, 8, 256) and is_experimental(c, 4, 64) and not is_experimental(c, 4, 128) for c in tma(128, 4096))
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    assert tma(64, 4096, usable=True) and tma(256, 4096, bits=8, usable=True)
 
 
 def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
@@ -86,7 +106,7 @@ def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
     import sys
     from pathlib import Path
 
-    cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4",
+    cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4", "tma,bf16,128,1,2,8", "tma,fp16,-1,0,1,8",
              "bf16,2,1,0,1,1", "fp16,4,1,1,1,1",  # tiled_planes JOIN: the same loop, pointer-fed
              "bf16,2,1,0,1"]  # control: tiled_planes without JOIN, whose loop is synchronous
     root = Path(__file__).resolve().parents[2]
@@ -113,21 +133,24 @@ GPU_QUANT = [(-1, torch.bfloat16, True), (32, torch.float16, False), (64, torch.
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size,dtype,asym", GPU_QUANT)
-def test_gpu_every_config(group_size, dtype, asym):
-    """Every config the dispatcher offers for this family, at prefill M and odd shapes (N % 16 != 0)."""
-    for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944))):
-        x, qw, s, z, b = make_problem(m, n, k, 4, group_size, dtype, asym, bias=m % 2 == 0, device="cuda")
-        for cfg in candidate_configs(m, n, k, 4, group_size):
+def test_gpu_every_config(bits, group_size, dtype, asym):
+    """Every config the dispatcher offers for this family (opt-in ones too), at M = 64 to prefill
+    and odd shapes (N % 16 != 0)."""
+    for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944)), (50, (4096, 4096))):
+        x, qw, s, z, b = make_problem(m, n, k, bits, group_size, dtype, asym, bias=m % 2 == 0, device="cuda")
+        for cfg in candidate_configs(m, n, k, bits, group_size):
             if cfg["kernel"] == "tiled_tma":
-                assert_close_to_ref(w4a16_tma(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
+                assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_extreme_codes(dtype):
-    x, _, s, _, _ = make_problem(300, 256, 512, 4, 128, dtype, asym=False, bias=False, device="cuda")
-    qw, z = _codes_at_the_extremes(256, 512, 128)
+def test_gpu_extreme_codes(bits, dtype):
+    x, _, s, _, _ = make_problem(300, 256, 512, bits, 128, dtype, asym=False, bias=False, device="cuda")
+    qw, z = (_codes_at_the_extremes if bits == 4 else _codes8_at_the_extremes)(256, 512, 128)
     for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4},
                 {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}):
-        assert_close_to_ref(w4a16_tma(x, qw.cuda(), s, z.cuda(), None, 128, cfg), x, qw.cuda(), s, z.cuda(), None, 4, 128)
+        assert_close_to_ref(wna16_tma(x, qw.cuda(), s, z.cuda(), None, bits, 128, cfg), x, qw.cuda(), s, z.cuda(), None, bits, 128)
