@@ -69,7 +69,7 @@ import functools
 import triton
 import triton.language as tl
 
-from ._wna16_common import zeroed_int32
+from ._zeroed_workspace import zeroed_int32
 
 
 @triton.jit(do_not_specialize=["M"])  # M = 1 would otherwise compile its own copy of every config

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ._autotune import split_k_choices
-from ._wna16_common import zeroed_int32
+from ._zeroed_workspace import zeroed_int32
 from .int8_gemm_kernels import _epilogue, take_split_sum
 
 _HI_MASK = tl.constexpr(-252645136)  # 0xF0F0F0F0 as an int32

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._wna16_common import zeroed_int32
+from ._zeroed_workspace import zeroed_int32
 from .w4a8_gemv import _dp4a_s, _finish, _split4
 
 
