@@ -83,6 +83,20 @@ def sm_count(device: torch.device) -> int:
     return _sm_counts[idx]
 
 
+_tma_capable: dict[int, bool] = {}
+
+
+def tma_capable(device: torch.device) -> bool:
+    """Whether the TMA-fed kernel families (host ``TensorDescriptor``s; tuned for Hopper) may be
+    offered on ``device``: compute capability 9.0 or newer, or off CUDA (the interpreter runs them)."""
+    if device.type != "cuda":
+        return True
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _tma_capable:
+        _tma_capable[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
+    return _tma_capable[idx]
+
+
 def cache_path() -> Path:
     env = os.environ.get("QFUSE_AUTOTUNE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "qfuse" / "autotune.json"

@@ -490,7 +490,7 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     is being captured, the op takes the best config without TMA instead (its own key,
     ``<op>_eager``: shipped, cached or measured like any other). Both compute the same bits.
     """
-    from ._autotune import _capturing, m_bucket, offered, pick_config, sm_count
+    from ._autotune import _capturing, m_bucket, offered, pick_config, sm_count, tma_capable
 
     m, k = xq.shape
     n = w.shape[0]
@@ -498,8 +498,10 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     on_gpu = xq.device.type == "cuda"
 
     def cands() -> list[dict]:  # built only on a cache miss (pick_config); opt-in families: see is_experimental
-        return offered(candidate_configs(m, n, k, group_size, sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu),
-                       is_experimental)
+        every = candidate_configs(m, n, k, group_size, sm_count(xq.device), w4_asm=w4 and on_gpu, w8_gemv=not w4 and on_gpu)
+        if not tma_capable(xq.device):  # before Hopper: no TMA configs (their W4A8 "w8" forms included)
+            every = [c for c in every if not c.get("TMA")]
+        return offered(every, is_experimental)
 
     def run(c):
         return run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4=w4, config=c)

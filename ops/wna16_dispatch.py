@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices
+from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices, tma_capable
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from .wna16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
@@ -238,10 +238,11 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
     raise ValueError(f"qfuse.{OP}: unknown kernel family {kind!r} in config {cfg}")
 
 
-def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132) -> list[dict]:
+def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True) -> list[dict]:
     """The candidates the op may pick from: opt-in configs (:func:`is_experimental`) only with
-    ``QFUSE_EXPERIMENTAL_KERNELS=1``."""
-    return offered(candidate_configs(m, n, k, bits, group_size, sms), lambda c: is_experimental(c, bits, m_bucket(m)))
+    ``QFUSE_EXPERIMENTAL_KERNELS=1``; the TMA family only with ``tma`` (a Hopper or newer GPU)."""
+    every = [c for c in candidate_configs(m, n, k, bits, group_size, sms) if tma or c["kernel"] != "tiled_tma"]
+    return offered(every, lambda c: is_experimental(c, bits, m_bucket(m)))
 
 
 def is_experimental(cfg: dict, bits: int, mb: int) -> bool:
@@ -259,7 +260,7 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     """Pick the config for this shape (cache / shipped defaults / one measurement) and run it."""
     m, k = x.shape
     n = qweight.shape[0]
-    cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device))  # noqa: E731 - built only on a cache miss
+    cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device), tma_capable(x.device))  # noqa: E731 - built only on a cache miss
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

@@ -93,6 +93,9 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert all(is_experimental(c, 8, 256) and is_experimental(c, 4, 64) and not is_experimental(c, 4, 128) for c in tma(128, 4096))
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
     assert tma(64, 4096, usable=True) and tma(256, 4096, bits=8, usable=True)
+    # before Hopper (no TMA): never offered, and the heuristic first candidate is another family
+    pre = usable_configs(256, 4096, 4096, 4, 128, tma=False)
+    assert pre and not any(c["kernel"] == "tiled_tma" for c in pre) and pre[0]["kernel"] == "tiled"
 
 
 def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
