@@ -112,7 +112,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
     if bits == 4:
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
     if mb >= 64 and tma_supported(k, bits):  # 8-bit, and 4-bit at M bucket 64: opt-in (is_experimental)
-        for bm, bn, bk, warps, stages in _weight_major_tiles(mb, exhaustive):
+        # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs)
+        small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
+        for bm, bn, bk, warps, stages in small + _weight_major_tiles(mb, exhaustive):
             bk = min(bk, gk)
             # split-K where the grid has fewer than ~2 tiles per SM (N = 4096 or 8192 at M = 256)
             # (at most 4: each split adds a float32 [M, N] partial to write and reread)
