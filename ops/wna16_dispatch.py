@@ -122,6 +122,12 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             for sp in [s for s in (1, 2, 4) if s <= split]:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages})
+            # opt-in: the tiles past the last whole wave split 2 ways along K (M = 512 on 28672x4096: 448
+            # tiles of 256x128 at one program per SM are 3.39 waves); TAIL_WAVE: programs per SM of
+            # the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2)
+            if mb >= 256 and bm == 256:
+                cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
+                              "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
@@ -250,8 +256,9 @@ def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int 
 def is_experimental(cfg: dict, bits: int, mb: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``) until timed and gridded on a GPU:
     the word GEMV with a register cap (``MAXNREG``; timed in the sixth session, never the fastest)
-    and the TMA tiles for 8-bit or at M bucket ``mb`` 64 (interpreter- and sm_90-compile-tested only)."""
-    return "MAXNREG" in cfg or (cfg["kernel"] == "tiled_tma" and (bits == 8 or mb < 128))
+    and the TMA tiles for 8-bit, at M bucket ``mb`` 64 or with ``TAIL_SPLIT`` (interpreter- and
+    sm_90-compile-tested only)."""
+    return "MAXNREG" in cfg or (cfg["kernel"] == "tiled_tma" and (bits == 8 or mb < 128 or "TAIL_SPLIT" in cfg))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

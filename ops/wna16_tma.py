@@ -36,7 +36,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, store_tile
+from ._autotune import sm_count
+from ._wna16_common import codes_minus_zero, finish_split, grouped_tile, mma, output_buffers, split_counters, store_tile
 from .w4a16_tiled_planes import nibble_planes
 from .wna16_tiled import split_k_slices
 
@@ -46,11 +47,21 @@ def _wna16_tma_kernel(
     x_desc, w_desc, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, G, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES,
 ):  # fmt: skip
-    pid_k = tl.program_id(1)
-    k_start = pid_k * K_PER_SPLIT
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    if TAIL_SPLIT > 1:  # programs >= FULL_TILES: TAIL_SPLIT slices of K of each tile past the last whole wave
+        is_tail = tl.program_id(0) >= FULL_TILES
+        q = tl.program_id(0) - FULL_TILES
+        tile = tl.where(is_tail, FULL_TILES + q // TAIL_SPLIT, tl.program_id(0))
+        pid_k = tl.where(is_tail, q % TAIL_SPLIT, 0)
+        k_start = pid_k * K_PER_SPLIT
+        k_tiles = tl.where(is_tail, tl.cdiv(K_PER_SPLIT, BLOCK_K), tl.cdiv(K, BLOCK_K))
+    else:  # statement for statement the loop the GPU runs were made with (same sm_90 SASS)
+        pid_k = tl.program_id(1)
+        k_start = pid_k * K_PER_SPLIT
+        tile = tl.program_id(0)
+        k_tiles = 0  # unused: the loop bound below
+    pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = offs_n % N  # rows past N read row n % N's scales (their outputs are masked)
@@ -61,7 +72,7 @@ def _wna16_tma_kernel(
     else:
         z = tl.full((BLOCK_N,), float(1 << (BITS - 1)), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+    for kt in range(0, k_tiles if TAIL_SPLIT > 1 else tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:  # BLOCK_K <= GROUP: the tile lies in group k0 // GROUP (clamped: tiles past K)
             g = tl.minimum(k0 // GROUP, G - 1)
@@ -83,7 +94,32 @@ def _wna16_tma_kernel(
                 w = w * s[:, None]
         acc = mma(w, tl.trans(xt), acc, DOT_F32)
 
-    store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+    if TAIL_SPLIT > 1:
+        _store_tail_split(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, is_tail, tile, pid_k,
+                          M, N, G, FULL_TILES, GROUP, HAS_BIAS, TAIL_SPLIT, BLOCK_M, BLOCK_N)
+    else:
+        store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _store_tail_split(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, is_tail, tile, pid_k, M, N, G, FULL_TILES,
+                      GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, TAIL_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Epilogue with ``TAIL_SPLIT``: a whole tile stores its output; a tail slice goes through
+    :func:`finish_split` with a compact workspace ``[TAIL_SPLIT, tail tiles, BLOCK_M * BLOCK_N]``
+    (``ws`` indexed by the tile's local element, the output by its global one)."""
+    if GROUP == -1:
+        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    idx = offs_m[:, None] * N + offs_n[None, :]
+    if is_tail:
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tail_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) - FULL_TILES
+        finish_split(acc, local, mask, (bias_ptr + rn)[None, :], ws_ptr + (tile - FULL_TILES) * (BLOCK_M * BLOCK_N), count_ptr,
+                     out_ptr + (idx - local), tile, pid_k, tail_tiles * (BLOCK_M * BLOCK_N), TAIL_SPLIT, HAS_BIAS)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def tma_supported(k: int, bits: int = 4) -> bool:
@@ -109,16 +145,31 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     bk = cfg["BLOCK_K"] if group_size == -1 else min(cfg["BLOCK_K"], group_size)
     split_k = cfg.get("SPLIT_K", 1)
-    k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    # TAIL_SPLIT (opt-in): the tiles past the last whole wave of WAVE programs (TAIL_WAVE per SM, or
+    # WAVE_PROGRAMS: tests) run as TAIL_SPLIT slices of K each, so the last wave is not mostly idle
+    tail_split = cfg.get("TAIL_SPLIT", 0) if split_k == 1 else 0
+    wave = cfg.get("WAVE_PROGRAMS") or cfg.get("TAIL_WAVE", 1) * sm_count(x.device)
+    full = tiles // wave * wave
+    if tail_split > 1 and full < tiles:
+        k_per_split, _ = split_k_slices(k, bk, tail_split)
+        grid = (full + (tiles - full) * tail_split, 1)
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        ws = torch.empty((tail_split, tiles - full, bm * bn), dtype=torch.float32, device=x.device)
+        counts = split_counters(x.device, tiles)
+    else:
+        tail_split, full = 0, tiles
+        k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
+        grid = (tiles, split_k)
+        out, ws, counts = output_buffers(x, n, split_k, grid[0])
     x, qweight = _aligned(x.contiguous()), _aligned(qweight.contiguous())
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)
-    out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_tma_kernel[grid](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(qweight, [bn, bk * bits // 8]),
         scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, scales.shape[1], k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        TAIL_SPLIT=tail_split, FULL_TILES=full,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     return out

@@ -36,17 +36,18 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
     return kernel.asm["ptx"]
 
 
-def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4) -> str:
+def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0) -> str:
     """ops/wna16_tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
     bm, bn, bk = 128, 64, 64
     sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk * bits // 8}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-           "G": "i32", "K_PER_SPLIT": "i32"}
+           "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
     consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                  GROUP_M=8, ASM=True, DOT_F32=False)
-    divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
-    src = ASTSource(fn=_wna16_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
+                  GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=tail_split)
+    divisible = [name for name in sig if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
+    order = [p.name for p in _wna16_tma_kernel.params]  # FULL_TILES comes after the constexprs
+    src = ASTSource(fn=_wna16_tma_kernel, signature={name: sig.get(name, "constexpr") for name in order}, constexprs=consts,
+                    attrs={(order.index(name),): [["tt.divisibility", 16]] for name in divisible})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
     assert kernel.asm["cubin"]
     return kernel.asm["ptx"]
@@ -59,9 +60,9 @@ def _waits(ptx: str) -> str:
 
 if __name__ == "__main__":
     for case in sys.argv[1:]:
-        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits]
-            _, dtype, group, zeros, split_k, *bits = case.split(",")
-            ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k), int(bits[0]) if bits else 4)
+        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
+            _, dtype, group, zeros, split_k, *rest = case.split(",")
+            ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k), *(int(v) for v in rest))
             print("compiled", case, "waits", _waits(ptx), flush=True)
             continue
         dtype, planes, swap, zeros, aligned, *join = case.split(",")  # optional 6th field: JOIN

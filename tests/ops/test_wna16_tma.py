@@ -34,6 +34,18 @@ def test_interpreter(bits, group_size, split_k, dtype, asym):
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
+@pytest.mark.parametrize("bits,group_size,asym,wave,tail_split", [(4, -1, True, 4, 2), (4, 64, False, 5, 3), (8, 32, True, 4, 2),
+                                                                   (8, -1, False, 7, 2), (4, 128, True, 6, 2)])
+def test_interpreter_tail_split(bits, group_size, asym, wave, tail_split):
+    """TAIL_SPLIT: 6 tiles, waves of ``wave`` programs: the tiles past the last whole wave run as
+    ``tail_split`` K slices (wave 7: no whole wave, every tile is split; wave 6: no tail, plain)."""
+    k = 160 if group_size == -1 else 256
+    x, qw, s, z, b = make_problem(37, 40, k, bits, group_size, torch.bfloat16, asym, bias=asym)
+    cfg = {**CFG, "TAIL_SPLIT": tail_split, "WAVE_PROGRAMS": wave}
+    for _ in range(2):  # the arrival counters are left zeroed for the next call
+        assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
+
+
 def _codes8_at_the_extremes(n, k, group_size):
     """8-bit codes 0 or 255 and zero points at the other end: |u - z| = 255, the most bf16 holds exactly."""
     qw = torch.randint(0, 2, (n, k), dtype=torch.uint8) * 255
@@ -91,6 +103,9 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert candidate_configs(256, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] != "tiled_tma"
     assert all(is_experimental(c, 8, 256) and is_experimental(c, 4, 64) and not is_experimental(c, 4, 128) for c in tma(128, 4096))
+    tails = [c for c in tma(512, 4096) if "TAIL_SPLIT" in c]
+    assert tails and all(is_experimental(c, 4, 512) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
+    assert not any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
     assert tma(64, 4096, usable=True) and tma(256, 4096, bits=8, usable=True)
     # before Hopper (no TMA): never offered, and the heuristic first candidate is another family
@@ -110,6 +125,7 @@ def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
     from pathlib import Path
 
     cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4", "tma,bf16,128,1,2,8", "tma,fp16,-1,0,1,8",
+             "tma,bf16,128,0,1,4,2", "tma,fp16,-1,1,1,8,3",  # TAIL_SPLIT
              "bf16,2,1,0,1,1", "fp16,4,1,1,1,1",  # tiled_planes JOIN: the same loop, pointer-fed
              "bf16,2,1,0,1"]  # control: tiled_planes without JOIN, whose loop is synchronous
     root = Path(__file__).resolve().parents[2]
