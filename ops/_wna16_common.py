@@ -83,6 +83,17 @@ def mma(a, b, acc, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def scaled_weights(w, s, dtype: tl.constexpr, DOT_F32: tl.constexpr):
+    """``dtype(w * s[:, None])`` for exact ``w`` and per-row scales ``s`` in ``dtype``: one rounding
+    of the exact product, as the reference's float32 product then rounding (on the GPU one packed
+    multiply per two codes). DOT_F32 (the interpreter, no bf16 arithmetic): float32, then round."""
+    if DOT_F32:
+        return (w.to(tl.float32) * s.to(tl.float32)[:, None]).to(dtype)
+    else:
+        return w * s[:, None]
+
+
+@triton.jit
 def zero_plus_magic(z_ptr, offs, HAS_ZEROS: tl.constexpr, BITS: tl.constexpr):
     """2**23 + z for the zero points at ``offs`` (uint8), or for the symmetric z = 2**(bits-1)."""
     if HAS_ZEROS:

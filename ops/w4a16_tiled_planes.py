@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import mma, output_buffers, store_tile, tile_coords
+from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords
 from .wna16_tiled import k_plan
 
 # lop3 immLut 0xEA = (a & b) | c. bf16: sub.bf16x2 needs sm_90, fma.rn.bf16x2 runs from sm_80.
@@ -145,6 +145,19 @@ def half_planes(halves, z, dtype: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def planes_in_k_order(b, z, dtype: tl.constexpr, ASM: tl.constexpr, HALVES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``u - z`` as ``dtype [BLOCK_N, BLOCK_K]`` in natural K order (exact), for wgmma's register A
+    operand: the planes of :func:`nibble_planes` (bytes ``b``) or, with ``HALVES``, of
+    :func:`half_planes` (int16 halves), joined back (``join`` + one PRMT per pair on the GPU)."""
+    if HALVES:
+        w0, w1, w2, w3 = half_planes(b, z, dtype, ASM)
+        return tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_N, BLOCK_K))
+    else:
+        lo, hi = nibble_planes(b, z, dtype, ASM)
+        return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
 def _split4(xt, BM: tl.constexpr, BH4: tl.constexpr):
     """``[BM, 4 * BH4]`` -> its 4 column planes ``x[:, 4h + t]`` (``[BM, BH4]`` each)."""
     a, b = tl.split(tl.reshape(xt, (BM, BH4, 2, 2)))  # t0 = 0 / 1: [BM, BH4, t1]
@@ -216,17 +229,9 @@ def _w4a16_tiled_planes_kernel(
             xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=w_mask, other=0)
         if JOIN:  # planes back in natural K order: acc^T += (w * s) @ x^T, nothing else in the loop
-            if HALVES:
-                w0, w1, w2, w3 = half_planes(b, z, dtype, ASM)
-                w = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_N, BLOCK_K))
-            else:
-                lo, hi = nibble_planes(b, z, dtype, ASM)
-                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
-            if GROUP != -1:  # one rounding of the exact (u - z) * s, as the reference
-                if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
-                    w = (w.to(tl.float32) * s[:, None]).to(dtype)
-                else:
-                    w = w * s_raw[:, None]
+            w = planes_in_k_order(b, z, dtype, ASM, HALVES, BLOCK_N, BLOCK_K)
+            if GROUP != -1:
+                w = scaled_weights(w, s_raw, dtype, DOT_F32)
             acc = mma(w, tl.trans(xt), acc, DOT_F32)
         else:
             if SWAP_AB:

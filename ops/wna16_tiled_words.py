@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import mma, output_buffers, store_tile, tile_coords
-from .w4a16_tiled_planes import half_planes
+from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords
+from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import k_plan
 
 
@@ -133,18 +133,11 @@ def _wna16_tiled_words_kernel(
             xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
             words = tl.load(w_ptrs, mask=(offs_w < KW)[None, :], other=0)
         if HALF_PLANES:  # 4-bit, int16 halves: PTX planes (k = 4h + t) joined back to natural K order
-            p0, p1, p2, p3 = half_planes(words, z, dtype, ASM)
-            w = tl.reshape(tl.join(tl.join(p0, p2), tl.join(p1, p3)), (BLOCK_N, BLOCK_K))
+            w = planes_in_k_order(words, z, dtype, ASM, True, BLOCK_N, BLOCK_K)
         else:
             w = _dequant_words(words, MASK, MAGIC_BITS, z, BITS).to(dtype)  # [BLOCK_N, BLOCK_K] u - z, exact
-        if GROUP != -1 and not SCALE_AFTER_DOT:
-            # dtype(u - z) * s rounds the exact product once, as the reference's float32 product
-            # then rounding does; on the GPU one packed multiply per two codes (HMUL2) instead
-            # of an FMUL per code. The interpreter has no bf16 arithmetic: float32, then round.
-            if DOT_F32:
-                w = (w.to(tl.float32) * s[:, None].to(tl.float32)).to(dtype)
-            else:
-                w = w * s[:, None]
+        if GROUP != -1 and not SCALE_AFTER_DOT:  # one packed multiply per two codes (HMUL2), not an FMUL per code
+            w = scaled_weights(w, s, dtype, DOT_F32)
         if SWAP_AB:  # acc^T [BLOCK_N, BLOCK_M] = w @ x^T: the weights are the MMA's A operand
             if GROUP != -1 and SCALE_AFTER_DOT:
                 acc += mma(w, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32) * s.to(tl.float32)[:, None]
@@ -178,9 +171,9 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
         qweight = qweight.clone()
-    half_planes = bool(cfg.get("HALF_PLANES", False)) and bits == 4
+    halves = bool(cfg.get("HALF_PLANES", False)) and bits == 4
     # [N, K * bits / 32]: the byte layout read 4 bytes at a time (or 2 bytes: int16 halves)
-    words = qweight.view(torch.int16 if half_planes else torch.int32)
+    words = qweight.view(torch.int16 if halves else torch.int32)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_tiled_words_kernel[grid](
@@ -189,6 +182,6 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         SPLIT_K=split_k, EVEN_K=even_k, SCALE_AFTER_DOT=bool(cfg.get("SCALE_AFTER_DOT", False)) and group_size != -1,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8), DOT_F32=not x.is_cuda,
-        SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALF_PLANES=half_planes, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+        SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALF_PLANES=halves, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     return out

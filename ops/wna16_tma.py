@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ._autotune import sm_count
 from ._wna16_common import codes_minus_zero, finish_split, grouped_tile, mma, output_buffers, split_counters, store_tile
-from .w4a16_tiled_planes import nibble_planes
+from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import split_k_slices
 
 
@@ -82,12 +82,12 @@ def _wna16_tma_kernel(
         xt = x_desc.load([pid_m * BLOCK_M, k0])  # [BLOCK_M, BLOCK_K]
         if BITS == 4:
             b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
-            lo, hi = nibble_planes(b, z, dtype, ASM)  # u - z, exact
-            w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+            w = planes_in_k_order(b, z, dtype, ASM, False, BLOCK_N, BLOCK_K)  # u - z, exact
         else:
             u = w_desc.load([pid_n * BLOCK_N, k0]).to(tl.int32)  # [BLOCK_N, BLOCK_K] codes
             w = codes_minus_zero(u, (z + 8388608.0)[:, None]).to(dtype)  # u - z, exact
-        if GROUP != -1:
+        if GROUP != -1:  # scaled_weights(w, s, dtype, DOT_F32), written out: through the call, triton 3.6
+            # scheduled the 256x64x64 g64 split-4 tile differently, and these loops ran on the H200 as is
             if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
                 w = (w.to(tl.float32) * s.to(tl.float32)[:, None]).to(dtype)
             else:
