@@ -60,7 +60,6 @@ def _wna16_tma_kernel(
         pid_k = tl.program_id(1)
         k_start = pid_k * K_PER_SPLIT
         tile = tl.program_id(0)
-        k_tiles = 0  # unused: the loop bound below
     pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,19 +106,17 @@ def _store_tail_split(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs
     """Epilogue with ``TAIL_SPLIT``: a whole tile stores its output; a tail slice goes through
     :func:`finish_split` with a compact workspace ``[TAIL_SPLIT, tail tiles, BLOCK_M * BLOCK_N]``
     (``ws`` indexed by the tile's local element, the output by its global one)."""
-    if GROUP == -1:
-        acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    idx = offs_m[:, None] * N + offs_n[None, :]
     if is_tail:
+        if GROUP == -1:
+            acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        idx = offs_m[:, None] * N + offs_n[None, :]
         local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tail_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) - FULL_TILES
         finish_split(acc, local, mask, (bias_ptr + rn)[None, :], ws_ptr + (tile - FULL_TILES) * (BLOCK_M * BLOCK_N), count_ptr,
                      out_ptr + (idx - local), tile, pid_k, tail_tiles * (BLOCK_M * BLOCK_N), TAIL_SPLIT, HAS_BIAS)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-        tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # a whole tile: the plain epilogue
+        store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, 0, M, N, G, GROUP, HAS_BIAS, 1)
 
 
 def tma_supported(k: int, bits: int = 4) -> bool:
@@ -149,9 +146,11 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     # TAIL_SPLIT (opt-in): the tiles past the last whole wave of WAVE programs (TAIL_WAVE per SM, or
     # WAVE_PROGRAMS: tests) run as TAIL_SPLIT slices of K each, so the last wave is not mostly idle
     tail_split = cfg.get("TAIL_SPLIT", 0) if split_k == 1 else 0
-    wave = cfg.get("WAVE_PROGRAMS") or cfg.get("TAIL_WAVE", 1) * sm_count(x.device)
-    full = tiles // wave * wave
-    if tail_split > 1 and full < tiles:
+    full = tiles
+    if tail_split > 1:
+        wave = cfg.get("WAVE_PROGRAMS") or cfg.get("TAIL_WAVE", 1) * sm_count(x.device)
+        full = tiles // wave * wave
+    if full < tiles:
         k_per_split, _ = split_k_slices(k, bk, tail_split)
         grid = (full + (tiles - full) * tail_split, 1)
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
