@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._tma import tma_aligned
 from .int8_gemm_kernels import _epilogue, tile_of, unpack_w4
 
 
@@ -98,11 +99,6 @@ def tma_supported(k: int, w4: bool = False) -> bool:
     return k % (32 if w4 else 16) == 0
 
 
-def _aligned(t):
-    """``t`` itself if its data is 16-byte aligned (a TMA descriptor's base), else a contiguous copy."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: dict, sms: int, *, w4: bool):
     """Launch into ``out [M, N]`` with ``config``; ``w``: int8 ``[N, K]``, or with ``w4`` packed
     int4 ``[N, K / 2]`` (and ``group_scale`` for group 128). Arguments checked by the op."""
@@ -115,7 +111,7 @@ def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: d
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     if group_scale is not None and 128 % bk:
         raise ValueError(f"int8 TMA kernel: BLOCK_K={bk} must divide the group size 128")
-    xq, w = _aligned(xq.contiguous()), _aligned(w)
+    xq, w = tma_aligned(xq.contiguous()), tma_aligned(w)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # PROGRAMS (tests) pins the grid; PERSISTENT: that many programs per SM; else one per tile
     programs = config.get("PROGRAMS") or (min(tiles, config["PERSISTENT"] * sms) if config.get("PERSISTENT") else tiles)

@@ -37,6 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._autotune import sm_count
+from ._tma import tma_aligned
 from ._wna16_common import codes_minus_zero, finish_split, grouped_tile, mma, output_buffers, split_counters, store_tile
 from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import split_k_slices
@@ -124,11 +125,6 @@ def tma_supported(k: int, bits: int = 4) -> bool:
     return k % (32 if bits == 4 else 16) == 0
 
 
-def _aligned(t: Tensor) -> Tensor:
-    """``t`` if its data is 16-byte aligned (a TMA descriptor's base), else a contiguous copy."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int,
               cfg: dict) -> Tensor:
     """Launch with config ``cfg`` (BLOCK_M / N / K, SPLIT_K, GROUP_M, num_warps, num_stages;
@@ -161,7 +157,7 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
         grid = (tiles, split_k)
         out, ws, counts = output_buffers(x, n, split_k, grid[0])
-    x, qweight = _aligned(x.contiguous()), _aligned(qweight.contiguous())
+    x, qweight = tma_aligned(x.contiguous()), tma_aligned(qweight.contiguous())
     _wna16_tma_kernel[grid](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(qweight, [bn, bk * bits // 8]),
         scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
