@@ -20,6 +20,7 @@ is used. So capture a graph only after one eager call per shape, or ship default
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -57,19 +58,25 @@ def split_k_choices(k_tiles: int, programs: int, sms: int, min_tiles: int = 2) -
     return sorted(picks, reverse=True)
 
 
-_device_names: dict[int, str] = {}
+@functools.lru_cache(maxsize=None)
+def _properties(index: int):
+    """``torch.cuda.get_device_properties(index)``, once per device (the launchers ask on every call)."""
+    return torch.cuda.get_device_properties(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _name(index: int) -> str:
+    return _properties(index).name.replace(" ", "_")
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def device_name(device: torch.device | None = None) -> str:
     if device is None or device.type != "cuda":
         return "cpu"
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _device_names:
-        _device_names[idx] = torch.cuda.get_device_name(idx).replace(" ", "_")
-    return _device_names[idx]
-
-
-_sm_counts: dict[int, int] = {}
+    return _name(_index(device))
 
 
 def sm_count(device: torch.device) -> int:
@@ -77,13 +84,7 @@ def sm_count(device: torch.device) -> int:
     it); 132, an H200's, off CUDA, where the interpreter runs the kernels (CPU tests)."""
     if device.type != "cuda":
         return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _sm_counts:
-        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _sm_counts[idx]
-
-
-_tma_capable: dict[int, bool] = {}
+    return _properties(_index(device)).multi_processor_count
 
 
 def tma_capable(device: torch.device) -> bool:
@@ -91,10 +92,8 @@ def tma_capable(device: torch.device) -> bool:
     offered on ``device``: compute capability 9.0 or newer, or off CUDA (the interpreter runs them)."""
     if device.type != "cuda":
         return True
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _tma_capable:
-        _tma_capable[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
-    return _tma_capable[idx]
+    props = _properties(_index(device))
+    return (props.major, props.minor) >= (9, 0)
 
 
 def cache_path() -> Path:
