@@ -9,6 +9,7 @@ are first compiled in parallel worker processes (Triton's disk cache), then time
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
@@ -40,11 +41,16 @@ def op_bytes(m: int, n: int, k: int, bits: int, group_size: int, asym: bool, act
     return n * k * bits // 8 + n * groups * (act_bytes + (1 if asym else 0)) + (m * k + m * n) * act_bytes
 
 
-def shipped_config(key: str) -> dict | None:
-    """The config ops/tuned/ ships for ``key`` (a pick_config key string), if any."""
-    gpu = key.split("|")[1]
+@functools.lru_cache(maxsize=None)
+def _shipped(gpu: str) -> dict:
     path = _TUNED_DIR / f"{OP}.{gpu}.json"
-    return json.loads(path.read_text()).get(key) if path.is_file() else None
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def shipped_config(key: str) -> dict | None:
+    """The config ops/tuned/ ships for ``key`` (a pick_config key string), if any (the file read
+    once per GPU name: a tune asks for every key twice, to compile and to time)."""
+    return _shipped(key.split("|")[1]).get(key)
 
 
 def tune_candidates(m, n, k, bits, group_size, families: set[str] | None, dtype: torch.dtype, gpu: str) -> list[dict]:
