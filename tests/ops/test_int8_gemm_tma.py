@@ -12,6 +12,7 @@ from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, run_int8_gem
 from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
 
+from ._sm90_scripts import run_sm90_script
 from .test_w4a8_gemm_kernel import make_w4a8
 from .test_w8a8_gemm_kernel import assert_bitwise, kernel_acc, make_w8a8
 
@@ -130,21 +131,12 @@ def test_folded_group_scale_layout_sm90():
     Triton gives those four bytes one row. Compiled for sm_90 with the installed Triton (no GPU),
     every W4A8 TMA tile's asm operand must have registers 0-3 along K (tests/ops/_tma_w4_layout_sm90.py;
     the tile kernel's register-operand layout, which failed on the H200, does not pass this check)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     tiles = sorted({(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"])
                     for c in tma_configs(1024, 4096, 128, w4=True)})
     cases = [",".join(map(str, t)) for t in tiles]
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(root / "tests/ops/_tma_w4_layout_sm90.py"), *cases], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.splitlines()
-    assert len(lines) == len(cases) and all(line.endswith(" ok") for line in lines), run.stdout
+    stdout = run_sm90_script("_tma_w4_layout_sm90.py", cases)
+    lines = stdout.splitlines()
+    assert len(lines) == len(cases) and all(line.endswith(" ok") for line in lines), stdout
 
 
 @pytest.mark.parametrize("m,capturing,expected", [

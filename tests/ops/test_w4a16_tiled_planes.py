@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from qfuse.ops.w4a16_tiled_planes import w4a16_tiled_planes
+from tests.ops._sm90_scripts import run_sm90_script
 from tests.ops.test_wna16_gemm_kernel import assert_close_to_ref, make_problem
 
 CFGS = [
@@ -159,17 +160,7 @@ def test_ptx_compiles_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton (no GPU needed): dtype x
     planes x SWAP_AB x zero points x argument specialization, in a covering set of 8; and
     the JOIN form (planes joined back to natural K order) in 4 more."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     cases = ["bf16,4,1,1,1", "bf16,4,0,0,0", "fp16,4,1,0,1", "fp16,4,0,1,0",
              "bf16,2,1,0,0", "bf16,2,0,1,1", "fp16,2,1,1,1", "fp16,2,0,0,0",
              "bf16,4,1,1,1,1", "fp16,4,1,0,0,1", "bf16,2,1,0,1,1", "fp16,2,1,1,0,1"]  # JOIN
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(root / "tests/ops/_compile_sm90.py"), *cases], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("compiled") == len(cases)
+    assert run_sm90_script("_compile_sm90.py", cases).count("compiled") == len(cases)

@@ -13,6 +13,7 @@ import torch
 
 from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, usable_configs
 from qfuse.ops.wna16_tma import tma_supported, wna16_tma
+from tests.ops._sm90_scripts import run_sm90_script
 from tests.ops.test_w4a16_tiled_planes import _codes_at_the_extremes
 from tests.ops.test_wna16_gemm_kernel import assert_close_to_ref, make_problem
 
@@ -119,27 +120,18 @@ def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
     loop); inside it, every wait leaves MMAs in flight. A change that makes Triton wait for
     every slice (a use of the accumulator in the loop, a weight operand stored to shared memory
     in the loop) fails here, on the CPU."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4", "tma,bf16,128,1,2,8", "tma,fp16,-1,0,1,8",
              "tma,bf16,128,0,1,4,2", "tma,fp16,-1,1,1,8,3",  # TAIL_SPLIT
              "bf16,2,1,0,1,1", "fp16,4,1,1,1,1",  # tiled_planes JOIN: the same loop, pointer-fed
              "bf16,2,1,0,1"]  # control: tiled_planes without JOIN, whose loop is synchronous
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(root / "tests/ops/_compile_sm90.py"), *cases], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("compiled") == len(cases)
+    stdout = run_sm90_script("_compile_sm90.py", cases)
+    assert stdout.count("compiled") == len(cases)
     def asynchronous(line: str) -> bool:
         # triton 3.6: 3,3,3,3,0 (a wait per K = 16 piece); 3.7.1: 1,1,0; a synchronous loop: 0 per slice
         waits = [int(w) for w in line.split(" waits ")[1].split(",") if w]
         return bool(waits[:-1]) and waits[-1] == 0 and 0 not in waits[:-1]
 
-    lines = run.stdout.splitlines()
+    lines = stdout.splitlines()
     assert all(asynchronous(line) for line in lines[:-1]), lines
     assert not asynchronous(lines[-1]), lines[-1]  # the check tells a synchronous loop apart
 
