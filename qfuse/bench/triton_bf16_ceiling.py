@@ -14,55 +14,44 @@ import torch
 import triton
 import triton.language as tl
 
+from qfuse.ops._wna16_common import grouped_tile
+
 from .timing import copies_for, time_graph
 
 
 @triton.jit
-def _bf16_mm_pointer(x_ptr, w_ptr, o_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr):
-    pid = tl.program_id(0)
-    tn = tl.cdiv(N, BN); tm = tl.cdiv(M, BM)
-    per = 8 * tn; first = (pid // per) * 8; sz = min(tm - first, 8)
-    pm = first + (pid % per) % sz; pn = (pid % per) // sz
-    rm = (pm * BM + tl.arange(0, BM)) % M; rn = (pn * BN + tl.arange(0, BN)) % N
+def _bf16_mm(x_src, w_src, o_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr, TMA: tl.constexpr):
+    """``o = x @ w.T`` (bf16, float32 accumulator); operands by TMA descriptors or by pointers (rows
+    past M / N wrapped, the store masked); ``SWAP``: the weights as wgmma's M side."""
+    pm, pn = grouped_tile(tl.program_id(0), M, N, BM, BN, 8)
     if SWAP:
         acc = tl.zeros((BN, BM), tl.float32)
     else:
         acc = tl.zeros((BM, BN), tl.float32)
+    rm = (pm * BM + tl.arange(0, BM)) % M
+    rn = (pn * BN + tl.arange(0, BN)) % N
     for k0 in range(0, K, BK):
-        rk = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + rm[:, None] * K + rk[None, :])
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+        if TMA:
+            x = x_src.load([pm * BM, k0])
+            w = w_src.load([pn * BN, k0])
+        else:
+            rk = k0 + tl.arange(0, BK)
+            x = tl.load(x_src + rm[:, None] * K + rk[None, :])
+            w = tl.load(w_src + rn[:, None] * K + rk[None, :])
         if SWAP:
             acc = tl.dot(w, tl.trans(x), acc)
         else:
             acc = tl.dot(x, tl.trans(w), acc)
     if SWAP:
         acc = tl.trans(acc)
-    om = pm * BM + tl.arange(0, BM); on = pn * BN + tl.arange(0, BN)
+    om = pm * BM + tl.arange(0, BM)
+    on = pn * BN + tl.arange(0, BN)
     tl.store(o_ptr + om[:, None] * N + on[None, :], acc.to(tl.bfloat16), mask=(om < M)[:, None] & (on < N)[None, :])
 
 
-@triton.jit
-def _bf16_mm_tma(x_desc, w_desc, o_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr):
-    pid = tl.program_id(0)
-    tn = tl.cdiv(N, BN); tm = tl.cdiv(M, BM)
-    per = 8 * tn; first = (pid // per) * 8; sz = min(tm - first, 8)
-    pm = first + (pid % per) % sz; pn = (pid % per) // sz
-    if SWAP:
-        acc = tl.zeros((BN, BM), tl.float32)
-    else:
-        acc = tl.zeros((BM, BN), tl.float32)
-    for k0 in range(0, K, BK):
-        x = x_desc.load([pm * BM, k0])
-        w = w_desc.load([pn * BN, k0])
-        if SWAP:
-            acc = tl.dot(w, tl.trans(x), acc)
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
-    if SWAP:
-        acc = tl.trans(acc)
-    om = pm * BM + tl.arange(0, BM); on = pn * BN + tl.arange(0, BN)
-    tl.store(o_ptr + om[:, None] * N + on[None, :], acc.to(tl.bfloat16), mask=(om < M)[:, None] & (on < N)[None, :])
+# (TMA, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP): run 4's tiles
+TILES = [(False, 256, 128, 64, 8, 3, False), (False, 256, 128, 64, 8, 3, True),
+         (True, 128, 256, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, True), (True, 128, 128, 64, 4, 4, False)]
 
 
 def main() -> None:
@@ -73,28 +62,23 @@ def main() -> None:
     for m in (256, 1024, 4096):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         row = {"M": m, "cublas": round(time_graph([lambda w=w: x @ w.t() for w in ws]), 1)}
-        for bm, bn, bk, wp, st, sw in ((256, 128, 64, 8, 3, False), (256, 128, 64, 8, 3, True)):
+        for tma, bm, bn, bk, warps, stages, swap in TILES:
+            label = f"{'tma ' if tma else ''}{bm}x{bn}x{bk}"
             o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            g = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-            f = lambda w, bm=bm, bn=bn, bk=bk, wp=wp, st=st, sw=sw, o=o: _bf16_mm_pointer[g](x, w, o, m, n, k, BM=bm, BN=bn, BK=bk, SWAP=sw, num_warps=wp, num_stages=st)
+            grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+            x_src = TensorDescriptor.from_tensor(x, [bm, bk]) if tma else x
+            w_srcs = [TensorDescriptor.from_tensor(w, [bn, bk]) for w in ws] if tma else ws
+
+            def run(w_src, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, swap=swap, tma=tma, o=o, grid=grid, x_src=x_src):
+                _bf16_mm[grid](x_src, w_src, o, m, n, k, BM=bm, BN=bn, BK=bk, SWAP=swap, TMA=tma, num_warps=warps, num_stages=stages)
+
             try:
-                f(ws[0]); torch.cuda.synchronize()
+                run(w_srcs[0])
+                torch.cuda.synchronize()
                 err = (o.float() - (x @ ws[0].t()).float()).abs().max().item()
-                row[f"{bm}x{bn}x{bk}/w{wp}/s{st}{'/swap' if sw else ''}"] = (round(time_graph([lambda w=w: f(w) for w in ws]), 1), round(err, 2))
+                row[f"{label}/w{warps}/s{stages}{'/swap' if swap else ''}"] = (round(time_graph([lambda w=w: run(w) for w in w_srcs]), 1), round(err, 2))
             except Exception as e:
-                row[f"{bm}x{bn}x{bk}"] = type(e).__name__
-        for bm, bn, bk, wp, st, sw in ((128, 256, 64, 8, 3, False), (256, 128, 64, 8, 3, False), (256, 128, 64, 8, 3, True), (128, 128, 64, 4, 4, False)):
-            o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            g = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-            xd = TensorDescriptor.from_tensor(x, [bm, bk])
-            wds = [TensorDescriptor.from_tensor(w, [bn, bk]) for w in ws]
-            f = lambda wd, bm=bm, bn=bn, bk=bk, wp=wp, st=st, sw=sw, o=o: _bf16_mm_tma[g](xd, wd, o, m, n, k, BM=bm, BN=bn, BK=bk, SWAP=sw, num_warps=wp, num_stages=st)
-            try:
-                f(wds[0]); torch.cuda.synchronize()
-                err = (o.float() - (x @ ws[0].t()).float()).abs().max().item()
-                row[f"tma {bm}x{bn}x{bk}/w{wp}/s{st}{'/swap' if sw else ''}"] = (round(time_graph([lambda wd=wd: f(wd) for wd in wds]), 1), round(err, 2))
-            except Exception as e:
-                row[f"tma {bm}x{bn}x{bk}"] = type(e).__name__ + str(e)[:80]
+                row[label] = type(e).__name__ + (str(e)[:80] if tma else "")
         print(row, flush=True)
 
 
