@@ -38,6 +38,8 @@ from .wna16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
 
 OP = "wna16_gemm"
+
+
 def _split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
     """Smallest power-of-two split that puts ~2 programs on every SM, keeping >= 4 K tiles each."""
     split = 1
