@@ -6,7 +6,11 @@ median us per call; see qfuse/bench/timing.py):
 * ``bf16``: ``torch.matmul(x, w.t())`` with a bf16 (or fp16) weight (cuBLAS);
 * ``tinygemm``: ``torch._weight_int4pack_mm`` (bf16 only; its own packed layout, g = --group);
 * ``gemlite``: gemlite 0.6 ``A16Wn`` W4 (if importable; its shipped H100 configs are loaded,
-  since it ships none for the H200, and ``set_autotune("default")`` covers the rest);
+  since it ships none for the H200). ``--gemlite-autotune``: its autotune level, by default
+  ``fast``, gemlite's own default (it tunes each kernel on the first, eager call, outside the
+  timed graph). ``default`` (one fixed config per kernel, no tuning) is quicker but unfair at
+  M = 1: the H100 file holds no GEMV configs, and the fixed GEMV config ran 0.02-0.14x bf16 on the
+  H200 (seventh session);
 * ``floor``: bytes the op must move / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only).
 
 Writes ``gemm.csv`` and ``gemm.png`` (speedup over bf16 vs M, one panel per shape and bits)
@@ -43,6 +47,8 @@ def _args(argv):
     p.add_argument("--tune-workers", type=int, default=12, help="processes compiling candidates in parallel")
     p.add_argument("--precompile-only", action="store_true", help="only compile the --tune candidates (parallel), then exit")
     p.add_argument("--no-gemlite", action="store_true")
+    p.add_argument("--gemlite-autotune", default="fast", choices=["default", "fast", "max"],
+                   help="gemlite's autotune level (its own default: fast)")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
     return p.parse_args(argv)
 
@@ -67,12 +73,12 @@ def _gemlite_layer(codes, scales, group, dtype):
     return A16Wn(device="cuda", dtype=dtype).from_weights(codes, scales, zeros, W_nbits=4, group_size=group)
 
 
-def _setup_gemlite(log):
+def _setup_gemlite(log, autotune: str = "fast"):
     try:
         import gemlite
 
         cfg = Path(gemlite.__file__).with_name("configs") / "h100.json"
-        gemlite.set_autotune("default")
+        gemlite.set_autotune(autotune)
         gemlite.load_config(str(cfg))
         return gemlite.__version__
     except Exception as e:  # optional peer
@@ -103,9 +109,9 @@ def main(argv=None) -> int:
         return 0
     if args.tune:
         tune(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, out_dir / "wna16_gemm.tuned.json", log, families=_families(args))
-    gl_version = None if args.no_gemlite else _setup_gemlite(log)
+    gl_version = None if args.no_gemlite else _setup_gemlite(log, args.gemlite_autotune)
     bw = hbm_bandwidth()
-    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version}")
+    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version} (autotune {args.gemlite_autotune})")
 
     rows = []
     for n, k in shapes:
