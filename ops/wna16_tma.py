@@ -25,8 +25,9 @@ M = 256):
 
 Per-channel scales multiply the accumulator once, after the loop (``u - z`` is exact in the
 activation dtype). Needs 16-byte weight rows: ``K % 32 == 0`` for 4-bit, ``K % 16 == 0`` for 8-bit
-(:func:`tma_supported`). The 8-bit form has not run on a GPU yet: the dispatcher offers it only with
-``QFUSE_EXPERIMENTAL_KERNELS=1`` (ops/wna16_dispatch.py, ``is_experimental``).
+(:func:`tma_supported`). The 8-bit form is opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): on the H200
+two of its forms computed wrong results that the interpreter computes right (ops/wna16_dispatch.py,
+``is_experimental``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_unverified_kernel_families_need_opt_in(monkeypatch):
     wna16_dispatch.wna16_gemm_triton(x, qw, s, None, None, 4, 128)
     assert {"tiled_words", "tiled_planes"} <= {c["kernel"] for c in seen["wna16_gemm"]}  # through the H200 grid
     wna16_dispatch.wna16_gemm_triton(x[:1], qw, s, None, None, 4, 128)
-    assert not any(wna16_dispatch.is_experimental(c, 4, 1) for c in seen["wna16_gemm"])  # register-capped GEMV: opt-in
+    assert not any(wna16_dispatch.is_experimental(c, 4) for c in seen["wna16_gemm"])  # register-capped GEMV: opt-in
     assert int8_gemm_kernels.is_experimental({"KERNEL": "gemv8"})  # slower than the tile kernel on the H200
     for measured in ({"UNPACK_ASM": 1}, {"KERNEL": "gemv"}, {"GS_PARTIAL": 1}, {"KERNEL": "w8"}):
         assert not int8_gemm_kernels.is_experimental(measured)

@@ -184,7 +184,7 @@ def test_candidate_families_by_m_bucket(m):
     planes = [c for c in cands if c["kernel"] == "tiled_planes"]  # 4-bit only; 4 planes need BLOCK_K >= 64
     assert planes and all(c["SWAP_AB"] and (c["BLOCK_K"] >= 64 or c["PLANES"] == 2) for c in planes)
     assert not any(c["kernel"] == "tiled_planes" for c in candidate_configs(m, 4096, 4096, 8, 128))
-    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled_planes" if m <= 32 else "tiled_tma" if m >= 128 else "tiled")
+    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled_planes" if m <= 32 else "tiled_tma")
     assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
 

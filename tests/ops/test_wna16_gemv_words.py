@@ -113,7 +113,7 @@ def test_tolerance_catches_a_code_order_swap(bits):
 def test_dispatcher_offers_and_runs_gemv_words(bits, group_size):
     # tiles of 8-32 words per thread; BLOCK_W = 64 spans 4 groups of 128 (4-bit) or 8 of 32 (8-bit)
     every = [c for c in candidate_configs(1, 4096, 4096, bits, group_size) if c["kernel"] == "gemv_words"]
-    cands = [c for c in every if not is_experimental(c, bits, 1)]
+    cands = [c for c in every if not is_experimental(c, bits)]
     assert {c["BLOCK_W"] for c in cands} == ({16, 32, 64, 128} if bits == 4 else {32, 64, 128})
     shapes = {(c["BLOCK_N"], c["BLOCK_W"], c["num_warps"]) for c in cands}
     assert len(shapes) == (9 if bits == 4 else 7)
@@ -132,9 +132,9 @@ def test_dispatcher_offers_and_runs_gemv_words(bits, group_size):
 
 def test_register_cap_configs_are_opt_in(monkeypatch):
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
-    assert not any(is_experimental(c, 4, 1) for c in usable_configs(1, 4096, 4096, 4, 128))
+    assert not any(is_experimental(c, 4) for c in usable_configs(1, 4096, 4096, 4, 128))
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
-    capped = [c for c in usable_configs(1, 4096, 4096, 4, 128) if is_experimental(c, 4, 1)]
+    capped = [c for c in usable_configs(1, 4096, 4096, 4, 128) if is_experimental(c, 4)]
     assert capped
     # the cap is a ptxas option: on the interpreter the config runs as without it
     x, qw, s, z, b = make_problem(1, 40, 512, 4, 128, torch.bfloat16, asym=True, bias=True)

@@ -98,17 +98,18 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert tma(256, 4096) and tma(4096, 4096) and tma(64, 4096) and tma(256, 4096, bits=8)
     assert not tma(32, 4096) and not tma(256, 4080) and not tma(256, 4088, bits=8)
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
-    # measured on the H200: 4-bit from M bucket 128; 8-bit and M bucket 64 only opt-in until timed
+    # measured on the H200: 4-bit from M bucket 64; 8-bit only opt-in (wrong results in some compiled configs)
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
-    assert tma(256, 4096, usable=True) and not tma(64, 4096, usable=True) and not tma(256, 4096, bits=8, usable=True)
+    assert tma(256, 4096, usable=True) and tma(64, 4096, usable=True) and not tma(256, 4096, bits=8, usable=True)
     assert candidate_configs(256, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
+    assert candidate_configs(64, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] != "tiled_tma"
-    assert all(is_experimental(c, 8, 256) and is_experimental(c, 4, 64) and not is_experimental(c, 4, 128) for c in tma(128, 4096))
+    assert all(is_experimental(c, 8) and not is_experimental(c, 4) for c in tma(128, 4096))
     tails = [c for c in tma(512, 4096) if "TAIL_SPLIT" in c]
-    assert tails and all(is_experimental(c, 4, 512) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
+    assert tails and all(is_experimental(c, 4) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
     assert not any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
-    assert tma(64, 4096, usable=True) and tma(256, 4096, bits=8, usable=True)
+    assert tma(256, 4096, bits=8, usable=True) and any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
     # before Hopper (no TMA): never offered, and the heuristic first candidate is another family
     pre = usable_configs(256, 4096, 4096, 4, 128, tma=False)
     assert pre and not any(c["kernel"] == "tiled_tma" for c in pre) and pre[0]["kernel"] == "tiled"
@@ -162,6 +163,19 @@ def test_gpu_every_config(bits, group_size, dtype, asym):
 def test_gpu_extreme_codes(bits, dtype):
     x, _, s, _, _ = make_problem(300, 256, 512, bits, 128, dtype, asym=False, bias=False, device="cuda")
     qw, z = (_codes_at_the_extremes if bits == 4 else _codes8_at_the_extremes)(256, 512, 128)
-    for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4},
-                {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}):
+    split = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}
+    if bits == 8:  # 8 warps with split-K: see test_gpu_8bit_split_k_at_8_warps_is_wrong
+        split = {**split, "BLOCK_N": 64, "num_warps": 4}
+    for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}, split):
         assert_close_to_ref(wna16_tma(x, qw.cuda(), s, z.cuda(), None, bits, 128, cfg), x, qw.cuda(), s, z.cuda(), None, bits, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="wrong results on the H200 with triton 3.6.0 (seventh session); cause not established")
+def test_gpu_8bit_split_k_at_8_warps_is_wrong():
+    """The fault that keeps two 8-bit forms out of the candidates (ops/wna16_dispatch.py,
+    is_experimental). Strict: once a Triton release computes it right, this XPASSes and fails, the
+    sign to offer those forms again. The same tile with num_stages 1 or 4 warps is right."""
+    x, qw, s, z, b = make_problem(256, 512, 1024, 8, 128, torch.bfloat16, asym=False, bias=False, device="cuda")
+    cfg = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}
+    assert_close_to_ref(wna16_tma(x, qw, s, z, b, 8, 128, cfg), x, qw, s, z, b, 8, 128)
