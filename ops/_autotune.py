@@ -116,17 +116,22 @@ def _load(path: Path) -> None:
             pass  # a corrupt cache only costs a re-measurement
 
 
+def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
+    """Set ``entry_key`` to ``config`` in the JSON file ``path`` (created if missing), written
+    through a temporary file and a rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[entry_key] = config
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
 def _save(entry_key: str, config: dict) -> None:
-    path = cache_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        data[entry_key] = config
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        merge_into_json(cache_path(), entry_key, config)
     except (OSError, json.JSONDecodeError):
-        pass
+        pass  # a cache that cannot be written only costs a re-measurement next time
 
 
 def _capturing() -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from qfuse.ops._autotune import _TUNED_DIR, _key_str, _memory, device_name
+from qfuse.ops._autotune import _TUNED_DIR, _key_str, _memory, device_name, merge_into_json
 from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, run_config
 from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
@@ -150,20 +150,10 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                     continue
                 best_all[key] = timings[0][1]
                 _memory[key] = timings[0][1]
-                _save(cache_file, key, timings[0][1])
+                if cache_file is not None:  # at once: a tune cut short (a device-time limit) keeps every key it finished
+                    merge_into_json(cache_file, key, timings[0][1])
                 log(f"{key}: {timings[0][0]:.1f} us {timings[0][1]} (next {timings[1][0] if len(timings) > 1 else float('nan'):.1f} us)")
             del copies
             torch.cuda.empty_cache()
     return best_all
-
-
-def _save(cache_file: Path | None, key: str, cfg: dict) -> None:
-    """Merge one winner into ``cache_file`` at once, so a tune cut short (a device-time limit)
-    keeps every key it finished."""
-    if cache_file is None:
-        return
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
-    old[key] = cfg
-    cache_file.write_text(json.dumps(old, indent=1, sort_keys=True))
 
