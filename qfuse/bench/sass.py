@@ -12,7 +12,7 @@ the longest region closed by a backward branch::
 prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop's instruction
 count and opcode histogram, and instructions per weight byte = loop instructions x threads /
 weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16),
-``tiled_planes`` (W4A16), ``w4a8_gemv``, ``w8a8_gemv``. A static count: the real rate also
+``tiled_planes`` and ``mma_words`` (W4A16), ``w4a8_gemv``, ``w8a8_gemv``. A static count: the real rate also
 depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
 """
 
@@ -51,6 +51,14 @@ def _spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict
                       SWAP_AB=bool(cfg.get("SWAP_AB", False)) or bool(cfg.get("JOIN", False)), HALVES=halves,
                       JOIN=bool(cfg.get("JOIN", False)), ASM=True, DOT_F32=False)
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_K"] // 2
+    if kernel == "mma_words":
+        from qfuse.ops.w4a16_mma_words import _w4a16_mma_words_kernel as fn
+
+        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+               "M": "i32", "N": "i32", "K": "i32", "KW": "i32", "G": "i32", "stride_xm": "i32", "W_PER_SPLIT": "i32"}
+        consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), SCALE_W=bool(cfg.get("SCALE_W", False)),
+                      BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=8, ASM=True, DOT_F32=False)
+        return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     int8 = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32"}
     if kernel == "w4a8_gemv":
         from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel as fn
@@ -89,7 +97,7 @@ def opcode(line: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
-    p.add_argument("kernel", help="gemv_words, tiled_planes, w4a8_gemv or w8a8_gemv")
+    p.add_argument("kernel", help="gemv_words, tiled_planes, mma_words, w4a8_gemv or w8a8_gemv")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
     p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
     p.add_argument("--zeros", action="store_true", help="with zero points (wna16)")
@@ -97,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="{}", help="JSON kernel config (BLOCK_N, BLOCK_W / BLOCK_K, num_warps, ...)")
     args = p.parse_args(argv)
     defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+                "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
                 "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
     try:
         if args.kernel not in defaults:

@@ -1,4 +1,4 @@
-"""Compile ops/w4a16_tiled_planes.py's and ops/wna16_tma.py's kernels for sm_90 without a GPU (run
+"""Compile ops/w4a16_tiled_planes.py's, ops/wna16_tma.py's and ops/w4a16_mma_words.py's kernels for sm_90 without a GPU (run
 as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_wna16_tma.py). Their
 inline PTX cannot run under the Triton interpreter, and a malformed asm operand list ends the
 compiling process with an LLVM abort, so this is the CPU-side check that the PTX assembles for
@@ -18,6 +18,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E402
 from qfuse.ops.wna16_tma import _wna16_tma_kernel  # noqa: E402
+from qfuse.ops.w4a16_mma_words import _w4a16_mma_words_kernel  # noqa: E402
 
 
 def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> str:
@@ -53,6 +54,21 @@ def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4
     return kernel.asm["ptx"]
 
 
+def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool) -> str:
+    """ops/w4a16_mma_words.py's kernel at its decode tile (16 tokens, 128 weight rows, 8 warps); its PTX."""
+    sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i32", "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
+           "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KW": "i32", "G": "i32", "stride_xm": "i32",
+           "W_PER_SPLIT": "i32"}
+    consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, SCALE_W=scale_w, BLOCK_M=16, BLOCK_N=128, GROUP_M=8,
+                  ASM=True, DOT_F32=False)
+    divisible = [i for i, name in enumerate(sig) if name != "M"]
+    src = ASTSource(fn=_w4a16_mma_words_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 4})
+    assert kernel.asm["cubin"]
+    return kernel.asm["ptx"]
+
+
 def _waits(ptx: str) -> str:
     """The kernel's ``wgmma.wait_group`` counts in program order, comma-separated."""
     return ",".join(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
@@ -60,6 +76,11 @@ def _waits(ptx: str) -> str:
 
 if __name__ == "__main__":
     for case in sys.argv[1:]:
+        if case.startswith("mma,"):  # mma,dtype,group,zeros,scale_w
+            _, dtype, group, zeros, scale_w = case.split(",")
+            ptx = compile_mma_words(dtype, int(group), zeros == "1", scale_w == "1")
+            print("compiled", case, "waits", _waits(ptx), flush=True)
+            continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
             _, dtype, group, zeros, split_k, *rest = case.split(",")
             ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k), *(int(v) for v in rest))
