@@ -15,6 +15,11 @@ A config is a dict whose ``"kernel"`` names the family:
   PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair;
   ops/w4a16_tiled_planes.py); measured best at M = 2-32 on every shape timed (M = 16:
   1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels);
+* ``"mma_words"`` (4-bit, M bucket <= 64, K % 128 == 0): the natural packing's int32 words
+  straight into wgmma's register A operand, the activations permuted in registers to the words'
+  code order (ops/w4a16_mma_words.py): 4.4-5.4 SASS instructions per weight byte, no layout
+  shuffle on the weight side; measured best at M = 16 on every shape timed (1.56-2.03x bf16,
+  against 1.52-1.69x for tiled_planes; BENCHMARKS.md, eighth session);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
   M = 64-2048 on the H200; 8-bit and ``TAIL_SPLIT`` are opt-in (:func:`is_experimental`);
@@ -33,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices, tma_capable
+from .w4a16_mma_words import mma_words_supported
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from .wna16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
@@ -113,6 +119,8 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             cands += _swap_words_configs(mb, gk, bits, exhaustive)
     if bits == 4:
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
+        if mb <= 64:
+            cands += _mma_words_configs(m, n, k, group_size, sms, exhaustive)
     if mb >= 64 and tma_supported(k, bits):  # 8-bit: opt-in (is_experimental)
         # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs)
         small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
@@ -141,6 +149,8 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
     # 4-bit at M >= 64 the TMA tiles; otherwise the tiled kernel, which the list starts with
     if mb == 1:
         first = "gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv"
+    elif mb <= 32 and any(c["kernel"] == "mma_words" for c in cands):  # best at M = 16 on every shape (eighth session)
+        first = "mma_words"
     elif mb <= 32 and any(c["kernel"] == "tiled_planes" for c in cands):
         first = "tiled_planes"
     elif bits == 4 and mb >= 64 and any(c["kernel"] == "tiled_tma" for c in cands):  # best at M = 64-1024 (BENCHMARKS.md, sixth and seventh sessions)
@@ -216,6 +226,30 @@ def _planes_configs(cands: list[dict], mb: int, k: int, gk: int, exhaustive: boo
     return out
 
 
+def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaustive: bool) -> list[dict]:
+    """ops/w4a16_mma_words.py configs for M bucket <= 64 (BLOCK_M tokens: 16, 32 or 64), the
+    heuristic pick first: 128 weight rows on 8 warps, 4 stages, ~2 programs per SM. H200, M = 1
+    and 16, five shapes (eighth session): 128 rows / 8 warps was the best tile on 9 of 10 points;
+    64 rows / 4 warps and 256 / 8 were 0-30 % slower; two or four 128-code tiles per iteration
+    (longer runs of each row) were slower everywhere. ``SCALE_W`` (the scale on the weights,
+    the reference's rounding) where the group allows it; needed for groups 32 and 64."""
+    bm = max(16, min(64, m_bucket(m)))
+    forms = [sw for sw in (False, True) if mma_words_supported(k, group_size, sw)]
+    tiles = ((128, 8, 4), (128, 4, 4), (64, 4, 4), (256, 8, 3))
+    if exhaustive:
+        tiles += ((128, 8, 3), (128, 4, 3), (64, 4, 3))
+    out = []
+    for bn, warps, stages in tiles:
+        programs = _cdiv(n, bn) * _cdiv(m, bm)
+        first = _split_for(programs, k, 128, sms)
+        splits = [first] + [s for s in split_k_choices(k // 128, programs, sms) if s != first]
+        for sp in splits if exhaustive or bn == 128 else splits[:1]:
+            for sw in forms:
+                out.append({"kernel": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "GROUP_M": 8,
+                            "num_warps": warps, "num_stages": stages})
+    return out
+
+
 def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
     """Run ``wna16_gemm`` with one config (arguments already checked)."""
     kind = cfg["kernel"]
@@ -237,6 +271,10 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
         from .w4a16_tiled_planes import w4a16_tiled_planes
 
         return w4a16_tiled_planes(x, qweight, scales, zeros, bias, group_size, cfg)
+    if kind == "mma_words":
+        from .w4a16_mma_words import w4a16_mma_words
+
+        return w4a16_mma_words(x, qweight, scales, zeros, bias, group_size, cfg)
     if kind == "tiled_tma":
         from .wna16_tma import wna16_tma
 

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from qfuse.ops._wna16_common import dequantize_triton, finish_split, split_counters
+from qfuse.ops._autotune import m_bucket
 from qfuse.ops.wna16_dispatch import candidate_configs, run_config
 from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
 from qfuse.ops.wna16_gemv import wna16_gemv
@@ -184,7 +185,10 @@ def test_candidate_families_by_m_bucket(m):
     planes = [c for c in cands if c["kernel"] == "tiled_planes"]  # 4-bit only; 4 planes need BLOCK_K >= 64
     assert planes and all(c["SWAP_AB"] and (c["BLOCK_K"] >= 64 or c["PLANES"] == 2) for c in planes)
     assert not any(c["kernel"] == "tiled_planes" for c in candidate_configs(m, 4096, 4096, 8, 128))
-    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "tiled_planes" if m <= 32 else "tiled_tma")
+    mma = [c for c in cands if c["kernel"] == "mma_words"]  # 4-bit, M bucket <= 64, K % 128 == 0
+    assert bool(mma) == (m <= 64) and all(c["BLOCK_M"] == max(16, min(64, m_bucket(m))) for c in mma)
+    assert not any(c["kernel"] == "mma_words" for c in candidate_configs(m, 4096, 4096, 8, 128) + candidate_configs(m, 4096, 4160, 4, -1))
+    assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "mma_words" if m <= 32 else "tiled_tma")
     assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
 
