@@ -178,7 +178,8 @@ def mma_words_supported(k: int, group_size: int, scale_w: bool) -> bool:
 
 def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_M, BLOCK_N, SPLIT_K, SCALE_W, GROUP_M, num_warps,
-    num_stages} (arguments already checked; 4-bit)."""
+    num_stages, MAXNREG (optional: ptxas register cap per thread, CUDA only)} (arguments
+    already checked; 4-bit)."""
     m, k = x.shape
     n = qweight.shape[0]
     scale_w = bool(cfg.get("SCALE_W", False))
@@ -195,11 +196,12 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
         split_k -= 1
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
+    cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     _w4a16_mma_words_kernel[grid](
         x, qweight.view(torch.int32), scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, kw, scales.shape[1], x.stride(0), kw // split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, SCALE_W=scale_w,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", 3),
+        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", 3), **cap,
     )  # fmt: skip
     return out

@@ -91,6 +91,7 @@ GPU_CFGS = [
     {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_N": 256, "SPLIT_K": 3, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4, "MAXNREG": 128},
 ]
 
 
