@@ -238,7 +238,9 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
     # (rows, warps, stages, ptxas register cap): ncu on the shipped M = 16 picks (128 rows, 4 warps,
     # 167 registers) found 3 blocks per SM, 0.57-0.65 waves and under 2 warps per scheduler; a cap
     # of 128 (4 warps) / 80 (8 warps) spills nothing (sm_90 SASS, triton 3.6: loop +1-3 %) and
-    # lets 4 / 3 blocks share an SM
+    # lets 4 / 3 blocks share an SM. Opt-in (is_experimental): right on the GPU, but in the H200
+    # tune (eighth session, run 9) they won 2 of 15 keys by <= 2.4 %, and one of those wins
+    # (8192x8192 M = 1: 18.6 us) did not hold in the same run's timing pass (20.6 us)
     tiles = ((128, 8, 4, 0), (128, 4, 4, 0), (64, 4, 4, 0), (256, 8, 3, 0), (128, 4, 4, 128), (128, 8, 4, 80))
     if exhaustive:
         tiles += ((128, 8, 3, 0), (128, 4, 3, 0), (64, 4, 3, 0), (128, 4, 3, 128))
@@ -301,8 +303,9 @@ def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int 
 
 
 def is_experimental(cfg: dict, bits: int) -> bool:
-    """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV with a register cap
-    (``MAXNREG``; timed in the sixth session, never the fastest), ``TAIL_SPLIT`` (right on the H200,
+    """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
+    with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
+    fastest), ``TAIL_SPLIT`` (right on the H200,
     never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to

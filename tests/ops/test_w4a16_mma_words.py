@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from qfuse.ops.w4a16_mma_words import mma_words_supported, w4a16_mma_words
+from qfuse.ops.wna16_dispatch import usable_configs
 from tests.ops._sm90_scripts import run_sm90_script
 from tests.ops.test_w4a16_tiled_planes import _codes_at_the_extremes
 from tests.ops.test_wna16_gemm_kernel import assert_close_to_ref, make_problem
@@ -74,6 +75,18 @@ def test_supported_shapes():
     x, qw, s, z, b = make_problem(2, 16, 192, 4, 64, torch.bfloat16, asym=False, bias=False)
     with pytest.raises(ValueError, match="K % 128"):
         w4a16_mma_words(x, qw, s, z, b, 64, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": True})
+
+
+def test_register_capped_configs_are_opt_in(monkeypatch):
+    """MAXNREG configs (never clearly faster on the H200) run only with QFUSE_EXPERIMENTAL_KERNELS=1."""
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    offered = [c for c in usable_configs(16, 4096, 4096, 4, 128) if c["kernel"] == "mma_words"]
+    assert offered and not any("MAXNREG" in c for c in offered)
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    capped = [c for c in usable_configs(16, 4096, 4096, 4, 128) if c["kernel"] == "mma_words" and "MAXNREG" in c]
+    assert {c["MAXNREG"] for c in capped} == {128, 80}
+    x, qw, s, z, b = make_problem(3, 40, 256, 4, 128, torch.bfloat16, asym=True, bias=True)  # a ptxas option: no-op here
+    assert_close_to_ref(w4a16_mma_words(x, qw, s, z, b, 128, {**capped[0], "BLOCK_N": 16}), x, qw, s, z, b, 4, 128)
 
 
 def test_ptx_compiles_for_sm90():
