@@ -35,6 +35,14 @@ group)::
     acc[n, m] += sum_k' w_hat[n, k'] * x[m, k']                   SCALE_W (GROUP % 32 == 0)
     acc[n, m] *= s[n] after the loop                              per-channel (GROUP == -1)
 
+``BYTE_PAIRS`` (opt-in, not yet timed on a GPU): pair p is instead the two nibbles of byte p
+(natural k, k + 1; one PRMT each, +2 instructions per word), i.e. natural
+``k = 32c + 8q + 4sl + 2h + e``. Each activation pair is then two adjacent values, so the
+activation tile is a gathered load of 4-byte pieces that Triton pipelines by ``cp.async``
+straight into the MMA's B buffer: no shared-memory store in the loop, and where nothing
+rescales the accumulator inside the loop (per-channel, SCALE_W) the wgmma stays asynchronous
+(PTX ``wgmma.wait_group 7`` against 0), overlapping the next tile's dequantization.
+
 One program: a ``[BLOCK_N, BLOCK_M]`` tile of ``out^T`` (weight rows are wgmma's 64-row M side,
 the few tokens its N side) over a ``1 / SPLIT_K`` slice of K, split-K through the shared
 deterministic reduction (``store_tile``). Needs K % 128 == 0. Against the reference: float32
@@ -52,56 +60,85 @@ from torch import Tensor
 
 from ._wna16_common import mma, output_buffers, store_tile, tile_coords
 
-# One word -> 4 pairs of 16-bit values, pair p = nibbles (p, p + 4). $8 the word, $9 -(MAGIC + z),
-# ($10 the scale). fma with 1.0 (and with -0.0 for the product) instead of add / mul: sm_80's
-# bf16x2 arithmetic has only fma (add.bf16x2 and mul.bf16x2 need sm_90). lop3 0xEA = (a & b) | c.
+# One word -> 4 pairs of 16-bit values. $8 the word, $9 -(MAGIC + z), ($10 the scale). Pair p is
+# nibbles (p, p + 4), in place at bits 4p and 16 + 4p after one shift; with BYTE_PAIRS it is the
+# byte's two nibbles (2p, 2p + 1), moved to bits 0 and 16 by one PRMT of the word and the word
+# shifted right by 4 (selector: byte p of each into bytes 0 and 2). fma with 1.0 (and with -0.0
+# for the product) instead of add / mul: sm_80's bf16x2 arithmetic has only fma (add.bf16x2 and
+# mul.bf16x2 need sm_90). lop3 0xEA = (a & b) | c.
 _PAIR = """lop3.b32 v, {src}, 0x000F000F, MAGIC2, 0xEA;
 fma.rn.TYPE v, v, one, nz;{scale}
 mov.b32 {{${lo}, ${hi}}}, v;
 """
 
 
-def _dequant_asm(magic: int, one: int, ty: str, scaled: bool) -> str:
-    body = ""
+def _dequant_asm(magic: int, one: int, ty: str, scaled: bool, byte_pairs: bool) -> str:
+    body = "shr.u32 w4, $8, 4;\n" if byte_pairs else ""
     for p in range(4):
-        src = "$8" if p == 0 else "t"
-        if p:
-            body += f"shr.u32 t, $8, {4 * p};\n"
+        if byte_pairs:
+            body += f"prmt.b32 t, $8, w4, {(p | p << 4 | (4 + p) << 8 | (4 + p) << 12):#x};\n"
+            src = "t"
+        else:
+            src = "$8" if p == 0 else "t"
+            if p:
+                body += f"shr.u32 t, $8, {4 * p};\n"
         body += _PAIR.format(src=src, lo=2 * p, hi=2 * p + 1, scale="\nfma.rn.TYPE v, v, s2, negzero;" if scaled else "")
-    head = f".reg .b32 v, t, one, nz{', s2, negzero' if scaled else ''};\nmov.b32 one, {one:#x};\nmov.b32 nz, {{$9, $9}};\n"
+    head = f".reg .b32 v, t, w4, one, nz{', s2, negzero' if scaled else ''};\nmov.b32 one, {one:#x};\nmov.b32 nz, {{$9, $9}};\n"
     if scaled:
         head += "mov.b32 s2, {$10, $10};\nmov.b32 negzero, 0x80008000;\n"
     return "{\n" + head + body.replace("MAGIC2", f"{magic:#x}").replace("TYPE", ty) + "}"
 
 
-_BF16 = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", False))
-_BF16_SCALED = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", True))
-_FP16 = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", False))
-_FP16_SCALED = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", True))
+_BF16 = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", False, False))
+_BF16_SCALED = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", True, False))
+_FP16 = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", False, False))
+_FP16_SCALED = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", True, False))
+_BF16_BYTES = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", False, True))
+_BF16_SCALED_BYTES = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", True, True))
+_FP16_BYTES = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", False, True))
+_FP16_SCALED_BYTES = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", True, True))
 
 
 @triton.jit
-def word_pairs(words, neg, s, dtype: tl.constexpr, SCALE_W: tl.constexpr, ASM: tl.constexpr):
-    """int32 ``words`` -> 8 tensors of their shape: nibbles (0, 4, 1, 5, 2, 6, 3, 7) as
-    ``u - z`` (``neg`` = -(MAGIC + z) in ``dtype``) or, with SCALE_W, ``dtype((u - z) * s)``."""
-    if ASM:
-        if SCALE_W:
-            if dtype == tl.bfloat16:
-                return tl.inline_asm_elementwise(_BF16_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, neg, s], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-            else:
-                return tl.inline_asm_elementwise(_FP16_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, neg, s], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+def _run_asm(words, neg, s, TEXT: tl.constexpr, dtype: tl.constexpr, SCALE_W: tl.constexpr):
+    if SCALE_W:
+        if dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise(TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, neg, s], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
         else:
-            if dtype == tl.bfloat16:
-                return tl.inline_asm_elementwise(_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, neg], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+            return tl.inline_asm_elementwise(TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, neg, s], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        if dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise(TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, neg], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, neg], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def word_pairs(words, neg, s, dtype: tl.constexpr, SCALE_W: tl.constexpr, BYTE_PAIRS: tl.constexpr, ASM: tl.constexpr):
+    """int32 ``words`` -> 8 tensors of their shape, pairs p = 0..3 as (lo, hi): nibbles
+    (p, p + 4), or with BYTE_PAIRS (2p, 2p + 1), as ``u - z`` (``neg`` = -(MAGIC + z) in
+    ``dtype``) or, with SCALE_W, ``dtype((u - z) * s)``."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            if BYTE_PAIRS:
+                return _run_asm(words, neg, s, _BF16_SCALED_BYTES if SCALE_W else _BF16_BYTES, dtype, SCALE_W)
             else:
-                return tl.inline_asm_elementwise(_FP16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, neg], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+                return _run_asm(words, neg, s, _BF16_SCALED if SCALE_W else _BF16, dtype, SCALE_W)
+        else:
+            if BYTE_PAIRS:
+                return _run_asm(words, neg, s, _FP16_SCALED_BYTES if SCALE_W else _FP16_BYTES, dtype, SCALE_W)
+            else:
+                return _run_asm(words, neg, s, _FP16_SCALED if SCALE_W else _FP16, dtype, SCALE_W)
     else:
         magic = 128.0 if dtype == tl.bfloat16 else 1024.0
         zf = neg.to(tl.float32) + magic  # -z
         sf = s.to(tl.float32)
         out = ()
         for i in tl.static_range(8):
-            nib = (words >> (4 * ((i % 2) * 4 + i // 2))) & 15
+            if BYTE_PAIRS:
+                nib = (words >> (4 * i)) & 15
+            else:
+                nib = (words >> (4 * ((i % 2) * 4 + i // 2))) & 15
             v = nib.to(tl.float32) + zf
             if SCALE_W:
                 v = v * sf
@@ -114,7 +151,8 @@ def _w4a16_mma_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, KW, G, stride_xm, W_PER_SPLIT,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SCALE_W: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    BYTE_PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, ASM: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):  # fmt: skip
     BLOCK_K: tl.constexpr = 128
     pid_k, offs_m, offs_n, rm, rn, w_start = tile_coords(M, N, W_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
@@ -151,13 +189,23 @@ def _w4a16_mma_words_kernel(
                 if HAS_ZEROS:
                     neg = (-(tl.load(z_ptr + rn * G + g).to(tl.float32) + MAGIC)).to(dtype)[:, None, None]
         l0, h0, l1, h1, l2, h2, l3, h3 = word_pairs(words, tl.broadcast_to(neg, (BLOCK_N, 4, 4)), tl.broadcast_to(s_w, (BLOCK_N, 4, 4)),
-                                                    dtype, SCALE_W, ASM)  # fmt: skip
+                                                    dtype, SCALE_W, BYTE_PAIRS, ASM)  # fmt: skip
         # pair p = 2sl + h of word (c, q): [n, c, q, e, h, sl] -> [n, q, sl, h, c, e] = k' order
         a = tl.join(tl.join(tl.join(l0, h0), tl.join(l1, h1)), tl.join(tl.join(l2, h2), tl.join(l3, h3)))
         a = tl.reshape(tl.permute(a, (0, 2, 5, 4, 1, 3)), (BLOCK_N, BLOCK_K))
-        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, BLOCK_K))[None, :], eviction_policy="evict_last")
-        # natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e
-        xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
+        if BYTE_PAIRS:
+            # natural k = 32c + 8q + 4sl + 2h + e at k' = 32q + 16sl + 8h + 2c + e: each pair (e) is two
+            # adjacent activations, so the gathered load is 4-byte cp.async straight into the MMA's
+            # shared-memory B buffer, and Triton keeps the wgmma asynchronous (PTX wait_group 7)
+            kp = tl.arange(0, BLOCK_K)
+            nat = ((kp >> 1) & 3) * 32 + (kp >> 5) * 8 + ((kp >> 4) & 1) * 4 + ((kp >> 3) & 1) * 2 + (kp & 1)
+            nat = tl.max_contiguous(tl.multiple_of(nat, 2), 2)
+            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + nat)[None, :], eviction_policy="evict_last")
+        else:
+            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, BLOCK_K))[None, :], eviction_policy="evict_last")
+            # natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e (in registers: the
+            # pairs (e) are 4 apart, too fine for an async copy; stored to shared memory in the loop)
+            xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
         if SCALE_W or GROUP == -1:
             acc = mma(a, tl.trans(xt), acc, DOT_F32)
         else:
@@ -177,7 +225,7 @@ def mma_words_supported(k: int, group_size: int, scale_w: bool) -> bool:
 
 
 def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, group_size: int, cfg: dict) -> Tensor:
-    """Launch with config ``cfg`` = {BLOCK_M, BLOCK_N, SPLIT_K, SCALE_W, GROUP_M, num_warps,
+    """Launch with config ``cfg`` = {BLOCK_M, BLOCK_N, SPLIT_K, SCALE_W, BYTE_PAIRS, GROUP_M, num_warps,
     num_stages, MAXNREG (optional: ptxas register cap per thread, CUDA only)} (arguments
     already checked; 4-bit)."""
     m, k = x.shape
@@ -201,7 +249,7 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
         x, qweight.view(torch.int32), scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, kw, scales.shape[1], x.stride(0), kw // split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, SCALE_W=scale_w,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
         num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", 3), **cap,
     )  # fmt: skip
     return out

@@ -251,8 +251,15 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
         splits = [first] + [s for s in split_k_choices(k // 128, programs, sms) if s != first]
         for sp in splits if exhaustive or bn == 128 else splits[:1]:
             for sw in forms:
-                out.append({"kernel": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "GROUP_M": 8,
-                            "num_warps": warps, "num_stages": stages, **({"MAXNREG": cap} if cap else {})})
+                c = {"kernel": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "GROUP_M": 8,
+                     "num_warps": warps, "num_stages": stages, **({"MAXNREG": cap} if cap else {})}
+                out.append(c)
+                # opt-in, not yet timed on a GPU: codes paired within a byte, so the activations arrive
+                # by 4-byte async copies and the wgmma stays asynchronous where nothing rescales the
+                # accumulator in the loop (per-channel, SCALE_W; PTX wait_group 7 instead of 0);
+                # +15 % loop instructions (sm_90 SASS, 128 rows / 4 warps, per-channel: 344 against 298)
+                if bn == 128 and not cap and (sw or group_size == -1):
+                    out.append({**c, "BYTE_PAIRS": True})
     return out
 
 
@@ -305,7 +312,7 @@ def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int 
 def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
-    fastest), ``TAIL_SPLIT`` (right on the H200,
+    fastest), ``mma_words`` with ``BYTE_PAIRS`` (not yet timed on a GPU), ``TAIL_SPLIT`` (right on the H200,
     never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to
@@ -315,7 +322,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     fault lies in the compiled code; its cause is not established. :func:`candidate_configs` no
     longer offers those two forms; the 4-warp 8-bit tiles were right in every check and stay
     opt-in until the cause is known."""
-    return "MAXNREG" in cfg or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
+    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

@@ -54,13 +54,13 @@ def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4
     return kernel.asm["ptx"]
 
 
-def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool) -> str:
+def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_pairs: bool = False) -> str:
     """ops/w4a16_mma_words.py's kernel at its decode tile (16 tokens, 128 weight rows, 8 warps); its PTX."""
     sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i32", "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
            "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KW": "i32", "G": "i32", "stride_xm": "i32",
            "W_PER_SPLIT": "i32"}
-    consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, SCALE_W=scale_w, BLOCK_M=16, BLOCK_N=128, GROUP_M=8,
-                  ASM=True, DOT_F32=False)
+    consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, SCALE_W=scale_w, BYTE_PAIRS=byte_pairs, BLOCK_M=16,
+                  BLOCK_N=128, GROUP_M=8, ASM=True, DOT_F32=False)
     divisible = [i for i, name in enumerate(sig) if name != "M"]
     src = ASTSource(fn=_w4a16_mma_words_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
@@ -76,9 +76,9 @@ def _waits(ptx: str) -> str:
 
 if __name__ == "__main__":
     for case in sys.argv[1:]:
-        if case.startswith("mma,"):  # mma,dtype,group,zeros,scale_w
-            _, dtype, group, zeros, scale_w = case.split(",")
-            ptx = compile_mma_words(dtype, int(group), zeros == "1", scale_w == "1")
+        if case.startswith("mma,"):  # mma,dtype,group,zeros,scale_w[,byte_pairs]
+            _, dtype, group, zeros, scale_w, *pairs = case.split(",")
+            ptx = compile_mma_words(dtype, int(group), zeros == "1", scale_w == "1", pairs == ["1"])
             print("compiled", case, "waits", _waits(ptx), flush=True)
             continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]

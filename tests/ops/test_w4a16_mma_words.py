@@ -26,34 +26,36 @@ FORMS = [(-1, False), (128, False), (256, False), (32, True), (64, True), (128, 
 
 @pytest.mark.parametrize("form", range(len(FORMS)))
 @pytest.mark.parametrize("m", [1, 7, 33])
-def test_interpreter(form, m):
+@pytest.mark.parametrize("byte_pairs", [False, True])
+def test_interpreter(form, m, byte_pairs):
     group_size, scale_w = FORMS[form]
-    i = form + m
+    i = form + m + byte_pairs
     dtype = (torch.float16, torch.bfloat16)[i % 2]
     split_k = (1, 2, 3)[i % 3]
     x, qw, s, z, b = make_problem(m, 40, 768 if split_k == 3 else 512, 4, group_size, dtype, asym=i % 2 == 0 or form == 0, bias=i % 3 != 1)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT_K": split_k, "SCALE_W": scale_w, "GROUP_M": 2}
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT_K": split_k, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs, "GROUP_M": 2}
     assert_close_to_ref(w4a16_mma_words(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
 
 def test_interpreter_extreme_codes():
-    """|u - z| = 15 in every nibble slot, both scale placements."""
+    """|u - z| = 15 in every nibble slot, both scale placements, both pairings."""
     x, _, s, _, _ = make_problem(3, 16, 256, 4, 128, torch.bfloat16, asym=False, bias=False)
     qw, z = _codes_at_the_extremes(16, 256, 128)
     for scale_w in (False, True):
-        out = w4a16_mma_words(x, qw, s, z, None, 128, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": scale_w})
-        assert_close_to_ref(out, x, qw, s, z, None, 4, 128)
+        for byte_pairs in (False, True):
+            out = w4a16_mma_words(x, qw, s, z, None, 128, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs})
+            assert_close_to_ref(out, x, qw, s, z, None, 4, 128)
 
 
-@pytest.mark.parametrize("scale_w", [False, True])
-def test_tolerance_catches_an_unpermuted_activation(scale_w):
+@pytest.mark.parametrize("scale_w,byte_pairs", [(False, False), (True, False), (False, True)])
+def test_tolerance_catches_an_unpermuted_activation(scale_w, byte_pairs):
     """The codes reach the MMA out of natural order: activations taken in natural order (the
     weights' words shuffled inside each 128-code tile the other way) must fail the check."""
     x, qw, s, z, b = make_problem(2, 32, 256, 4, 128, torch.bfloat16, asym=True, bias=False)
     words = qw.view(torch.int32).view(32, 2, 4, 4)  # [n, tile, c, q]
     shuffled = words.transpose(2, 3).contiguous().view(torch.uint8).view(qw.shape)
     with pytest.raises(AssertionError):
-        assert_close_to_ref(w4a16_mma_words(x, shuffled, s, z, b, 128, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": scale_w}),
+        assert_close_to_ref(w4a16_mma_words(x, shuffled, s, z, b, 128, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs}),
                             x, qw, s, z, b, 4, 128)
 
 
@@ -78,10 +80,12 @@ def test_supported_shapes():
 
 
 def test_register_capped_configs_are_opt_in(monkeypatch):
-    """MAXNREG configs (never clearly faster on the H200) run only with QFUSE_EXPERIMENTAL_KERNELS=1."""
+    """MAXNREG configs (never clearly faster on the H200) and BYTE_PAIRS (not yet timed) run only
+    with QFUSE_EXPERIMENTAL_KERNELS=1."""
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
     offered = [c for c in usable_configs(16, 4096, 4096, 4, 128) if c["kernel"] == "mma_words"]
-    assert offered and not any("MAXNREG" in c for c in offered)
+    assert offered and not any("MAXNREG" in c or "BYTE_PAIRS" in c for c in offered)
+    assert not any("BYTE_PAIRS" in c for c in usable_configs(16, 4096, 4096, 4, -1))
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
     capped = [c for c in usable_configs(16, 4096, 4096, 4, 128) if c["kernel"] == "mma_words" and "MAXNREG" in c]
     assert {c["MAXNREG"] for c in capped} == {128, 80}
@@ -93,7 +97,8 @@ def test_ptx_compiles_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton: dtype x SCALE_W x zero
     points x group form, in a covering set."""
     cases = ["mma,bf16,128,0,0", "mma,bf16,-1,1,0", "mma,fp16,128,1,0", "mma,fp16,-1,0,0",
-             "mma,bf16,32,1,1", "mma,bf16,128,0,1", "mma,fp16,64,0,1", "mma,fp16,128,1,1"]
+             "mma,bf16,32,1,1", "mma,bf16,128,0,1", "mma,fp16,64,0,1", "mma,fp16,128,1,1",
+             "mma,bf16,-1,1,0,1", "mma,fp16,128,0,0,1", "mma,bf16,64,1,1,1", "mma,fp16,128,1,1,1"]  # BYTE_PAIRS
     assert run_sm90_script("_compile_sm90.py", cases).count("compiled") == len(cases)
 
 
@@ -105,6 +110,8 @@ GPU_CFGS = [
     {"BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_N": 256, "SPLIT_K": 3, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4, "MAXNREG": 128},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 4, "BYTE_PAIRS": True},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3, "BYTE_PAIRS": True},
 ]
 
 
