@@ -67,3 +67,14 @@ def test_split_k_choices():
         splits = split_k_choices(tiles, programs, 132)
         assert splits[-1] == 1 and splits == sorted(set(splits), reverse=True)
         assert all(tiles % s == 0 and (s == 1 or tiles // s >= 2) for s in splits)
+
+
+def test_shipped_wna16_picks_are_not_opt_in():
+    """The shipped file bypasses the opt-in gate (a hit is used as is), so it must hold no config
+    that ``is_experimental`` keeps opt-in: a tune that timed them must not ship them by a merge."""
+    from qfuse.ops.wna16_dispatch import is_experimental
+
+    shipped = json.loads((_autotune._TUNED_DIR / "wna16_gemm.NVIDIA_H200.json").read_text())
+    assert shipped
+    opt_in = [key for key, cfg in shipped.items() if is_experimental(cfg, int(key.rsplit("|", 1)[1]))]
+    assert not opt_in, opt_in
