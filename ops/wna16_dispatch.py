@@ -17,9 +17,10 @@ A config is a dict whose ``"kernel"`` names the family:
   1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels);
 * ``"mma_words"`` (4-bit, M bucket <= 64, K % 128 == 0): the natural packing's int32 words
   straight into wgmma's register A operand, the activations permuted in registers to the words'
-  code order (ops/w4a16_mma_words.py): 4.4-5.4 SASS instructions per weight byte, no layout
-  shuffle on the weight side; measured best at M = 16 on every shape timed (1.56-2.03x bf16,
-  against 1.52-1.69x for tiled_planes; BENCHMARKS.md, eighth session);
+  code order (ops/w4a16_mma_words.py): 4.7-5.4 SASS instructions per weight byte at g128, no
+  layout shuffle on the weight side; the H200 pick at M = 2-32 on every shape and at M = 64 on
+  four of five (M = 16: 1.61-2.13x bf16, against 1.54-1.76x for tiled_planes; BENCHMARKS.md,
+  eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
   M = 64-2048 on the H200; 8-bit and ``TAIL_SPLIT`` are opt-in (:func:`is_experimental`);
