@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._views import aligned_view
 from ._wna16_common import mma, output_buffers, store_tile, tile_coords
 
 # One word -> 4 pairs of 16-bit values. $8 the word, $9 -(MAGIC + z), ($10 the scale). Pair p is
@@ -236,8 +237,6 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
                          f"got K={k}, group_size={group_size}, SCALE_W={scale_w}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
-        qweight = qweight.clone()
     kw = k // 8
     split_k = cfg.get("SPLIT_K", 1)
     while split_k > 1 and kw % (16 * split_k):  # whole 16-word tiles per split
@@ -246,7 +245,7 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     _w4a16_mma_words_kernel[grid](
-        x, qweight.view(torch.int32), scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
+        x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, kw, scales.shape[1], x.stride(0), kw // split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, SCALE_W=scale_w,
         BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,

@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._views import aligned_view
 from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords
 from .wna16_tiled import k_plan
 
@@ -271,12 +272,10 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
     join = bool(cfg.get("JOIN", False))
     if halves and (block_k < 64 or k % 4):
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
-    if halves and qweight.storage_offset() % 2:  # an int16 view needs a 2-byte aligned storage offset
-        qweight = qweight.clone()
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _w4a16_tiled_planes_kernel[grid](
-        x, qweight.view(torch.int16) if halves else qweight, scales, zeros if zeros is not None else qweight,
+        x, aligned_view(qweight, torch.int16) if halves else qweight, scales, zeros if zeros is not None else qweight,
         bias if bias is not None else scales, out, ws, counts, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),

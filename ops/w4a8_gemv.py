@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ._autotune import split_k_choices
+from ._views import aligned_view
 from ._zeroed_workspace import zeroed_int32
 from .int8_gemm_kernels import _epilogue, take_split_sum
 
@@ -282,13 +283,8 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched without split-K
-    xq = xq.contiguous()
-    if xq.storage_offset() % 4:  # viewing as int32 needs 4-byte aligned storage offsets
-        xq = xq.clone()
-    if qweight.storage_offset() % 4:
-        qweight = qweight.clone()
-    x_words = xq.view(torch.int32)  # [M, K // 4]
-    w_words = qweight.view(torch.int32)  # [N, K // 8]
+    x_words = aligned_view(xq.contiguous(), torch.int32)  # [M, K // 4]
+    w_words = aligned_view(qweight, torch.int32)  # [N, K // 8]
     _w4a8_gemv_kernel[grid](
         x_words, x_scale.reshape(-1).contiguous(), w_words, w_scale,
         group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,

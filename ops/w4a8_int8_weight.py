@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._views import aligned_view
+
 _BYTE_SIGN = tl.constexpr(-2139062144)  # 0x80808080 as an int32
 
 
@@ -69,11 +71,9 @@ def w4_to_int8(qweight, group_scale, block_n: int = 32, block_w: int = 64):
     if n == 0 or k == 0:
         return out
     kw = k // 8
-    if qweight.storage_offset() % 4:  # viewing as int32 needs a 4-byte aligned storage offset
-        qweight = qweight.clone()
     grid = (triton.cdiv(n, block_n), triton.cdiv(kw, block_w))
     _w4_to_int8_kernel[grid](
-        qweight.view(torch.int32), group_scale if group_scale is not None else qweight, out.view(torch.int32),
+        aligned_view(qweight, torch.int32), group_scale if group_scale is not None else qweight, out.view(torch.int32),
         n, kw, k // 128, GROUPED=group_scale is not None, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4,
     )  # fmt: skip
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._views import aligned_view
 from ._zeroed_workspace import zeroed_int32
 from .w4a8_gemv import _dp4a_s, _finish, _split4
 
@@ -125,11 +126,8 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched without split-K
-    xq = xq.contiguous()
-    xq = xq.clone() if xq.storage_offset() % 4 else xq  # an int32 view needs 4-byte aligned offsets
-    wq = wq.clone() if wq.storage_offset() % 4 else wq
     _w8a8_gemv_kernel[grid](
-        xq.view(torch.int32), x_scale.reshape(-1).contiguous(), wq.view(torch.int32), w_scale,
+        aligned_view(xq.contiguous(), torch.int32), x_scale.reshape(-1).contiguous(), aligned_view(wq, torch.int32), w_scale,
         bias if bias is not None else w_scale, out, acc_ws, counts,
         m, n, k // 16, k // 4 // split,
         X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1, HAS_BIAS=bias is not None,

@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._views import aligned_view
 from ._wna16_common import output_buffers, store_row
 
 
@@ -167,9 +168,7 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     if bits not in (4, 8) or k % cpw:
         raise ValueError(f"wna16_gemv_words: {bits}-bit K={k} is not a whole number of int32 words")
     x = x.contiguous()
-    if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
-        qweight = qweight.clone()
-    words = qweight.view(torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
+    words = aligned_view(qweight, torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
     block_w = tile_words(k, bits, group_size, cfg["BLOCK_W"])
     split_k = cfg.get("SPLIT_K", 1)
     while split_k > 1 and kw % (split_k * block_w):  # whole tiles per split

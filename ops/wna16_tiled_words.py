@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._views import aligned_view
 from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords
 from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import k_plan
@@ -169,11 +170,9 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     if x.stride(1) != 1:
         x = x.contiguous()
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
-    if qweight.storage_offset() % 4:  # an int32 view needs a 4-byte aligned storage offset
-        qweight = qweight.clone()
     halves = bool(cfg.get("HALF_PLANES", False)) and bits == 4
     # [N, K * bits / 32]: the byte layout read 4 bytes at a time (or 2 bytes: int16 halves)
-    words = qweight.view(torch.int16 if halves else torch.int32)
+    words = aligned_view(qweight, torch.int16 if halves else torch.int32)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
     _wna16_tiled_words_kernel[grid](
