@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 
-def _spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict):
+def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict):
     """``(jit function, signature, constexprs, weight bytes per loop iteration)`` of a config."""
     ptrs = {"x_ptr": f"*{dtype}", "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
             "ws_ptr": "*fp32", "count_ptr": "*i32"}
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, "-m", "qfuse.cli", "bench", "sass", *(sys.argv[3:] if argv is None else argv)], env=env).returncode
     try:
-        fn, sig, consts, loop_bytes = _spec(args.kernel, args.bits, args.group, args.zeros, args.dtype, cfg)
+        fn, sig, consts, loop_bytes = kernel_spec(args.kernel, args.bits, args.group, args.zeros, args.dtype, cfg)
     except KeyError as e:
         print(f"qfuse bench sass: config {cfg} lacks {e}", file=sys.stderr)
         return 2

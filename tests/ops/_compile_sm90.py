@@ -16,25 +16,25 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel  # noqa: E402
+from qfuse.bench.sass import kernel_spec  # noqa: E402
 from qfuse.ops.wna16_tma import _wna16_tma_kernel  # noqa: E402
-from qfuse.ops.w4a16_mma_words import _w4a16_mma_words_kernel  # noqa: E402
+
+
+def _compile(fn, sig: dict, consts: dict, divisible: list[int], warps: int, stages: int) -> str:
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    assert kernel.asm["cubin"]
+    return kernel.asm["ptx"]
 
 
 def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> str:
-    sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i16" if planes == 4 else "*u8", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
-           "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-           "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
-    consts = dict(GROUP=128, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, EVEN_K=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                  GROUP_M=8, SWAP_AB=swap or join, HALVES=planes == 4, JOIN=join, ASM=True, DOT_F32=False)
+    fn, sig, consts, _ = kernel_spec("tiled_planes", 4, 128, zeros, dtype, {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2,
+                                                                          "PLANES": planes, "SWAP_AB": swap, "JOIN": join})
     # pointers (and, with ``aligned``, the integer arguments) 16-divisible, as Triton specializes real launches:
     # the layout it then picks changes how the asm's operands are packed
     divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or (aligned and name != "M")]
-    src = ASTSource(fn=_w4a16_tiled_planes_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-    assert kernel.asm["cubin"]
-    return kernel.asm["ptx"]
+    return _compile(fn, sig, {**consts, "HAS_BIAS": True}, divisible, 4, 3)
 
 
 def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0) -> str:
@@ -56,17 +56,9 @@ def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4
 
 def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_pairs: bool = False) -> str:
     """ops/w4a16_mma_words.py's kernel at its decode tile (16 tokens, 128 weight rows, 8 warps); its PTX."""
-    sig = {"x_ptr": f"*{dtype}", "qw_ptr": "*i32", "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
-           "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KW": "i32", "G": "i32", "stride_xm": "i32",
-           "W_PER_SPLIT": "i32"}
-    consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=2, SCALE_W=scale_w, BYTE_PAIRS=byte_pairs, BLOCK_M=16,
-                  BLOCK_N=128, GROUP_M=8, ASM=True, DOT_F32=False)
-    divisible = [i for i, name in enumerate(sig) if name != "M"]
-    src = ASTSource(fn=_w4a16_mma_words_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 4})
-    assert kernel.asm["cubin"]
-    return kernel.asm["ptx"]
+    fn, sig, consts, _ = kernel_spec("mma_words", 4, group, zeros, dtype, {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "SCALE_W": scale_w,
+                                                                         "BYTE_PAIRS": byte_pairs})
+    return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], 8, 4)
 
 
 def _waits(ptx: str) -> str:
