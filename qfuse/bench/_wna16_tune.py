@@ -9,6 +9,7 @@ are first compiled in parallel worker processes (Triton's disk cache), then time
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import multiprocessing as mp
@@ -113,10 +114,23 @@ def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int, log
         log(f"precompile: a compile worker died ({e}); the rest compile while timing, where the same config would stop the run")
 
 
+def _append_timings(cache_file: Path, key: str, timings: list[tuple[float, dict]]) -> None:
+    path = cache_file.with_suffix(".timings.csv")
+    new = not path.is_file()
+    with path.open("a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["key", "rank", "us", "config"])
+        for rank, (us, cfg) in enumerate(timings):
+            w.writerow([key, rank, f"{us:.2f}", json.dumps(cfg, sort_keys=True)])
+
+
 def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8, cache_file: Path | None = None, log=print, device: str = "cuda",
          families: set[str] | None = None) -> dict:
     """Time every candidate per (shape, M bucket, bits); keep the fastest in the in-process
     cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}.
+    Every timed candidate's median goes to ``<cache_file stem>.timings.csv``
+    (key, rank, us, config as JSON), so a tune also says how far each loser was.
     ``families``: time only those kernel families and the shipped pick (:func:`tune_candidates`)."""
     if workers > 1:
         precompile(shapes, ms, bits_list, group_size, dtype, asym, workers, log=log, families=families)
@@ -145,6 +159,8 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                     except Exception as e:  # shared memory overflow etc.
                         log(f"  skip {cfg}: {type(e).__name__}")
                 timings.sort(key=lambda t: t[0])
+                if cache_file is not None:
+                    _append_timings(cache_file, key, timings)
                 if not timings:
                     log(f"{key}: no candidate ran")
                     continue

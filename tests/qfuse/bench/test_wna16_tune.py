@@ -43,3 +43,18 @@ def test_tune_families_keeps_the_shipped_pick():
     assert cands[-1] == old and all(c["kernel"] == "tiled_words" for c in cands[:-1])
     assert len(cands) - 1 == sum(c["kernel"] == "tiled_words" for c in candidate_configs(m, n, k, 4, 128, exhaustive=True))
     assert tune_candidates(m, n, k, 4, 128, None, torch.bfloat16, "cpu") == candidate_configs(m, n, k, 4, 128, exhaustive=True)
+
+
+def test_tune_timings_csv_lists_every_candidate_in_rank_order(tmp_path):
+    """Each tuned key appends all its timed candidates (fastest first) next to the JSON."""
+    import csv
+    import json
+
+    from qfuse.bench._wna16_tune import _append_timings
+
+    cache = tmp_path / "wna16_gemm.tuned.json"
+    _append_timings(cache, "k1", [(5.0, {"kernel": "a", "X": 1}), (7.25, {"kernel": "b"})])
+    _append_timings(cache, "k2", [(3.0, {"kernel": "c"})])
+    rows = list(csv.DictReader((tmp_path / "wna16_gemm.tuned.timings.csv").open()))
+    assert [(r["key"], r["rank"], r["us"]) for r in rows] == [("k1", "0", "5.00"), ("k1", "1", "7.25"), ("k2", "0", "3.00")]
+    assert json.loads(rows[0]["config"]) == {"kernel": "a", "X": 1}
