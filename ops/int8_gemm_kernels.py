@@ -330,15 +330,19 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     if not w4_asm:
         return base
     from .w4a8_gemv import gemv_configs
+    from .w4a8_mma_words import mma_words_configs
 
     asm = [dict(c, UNPACK_ASM=1) for c in base]
-    # after the tile configs, so the heuristic first candidate (no tuning) stays the tile
-    # kernel: the int32-partial group scale (group 128, M <= 64) and the CUDA-core GEMV (M <= 8)
+    # after the tile configs: the int32-partial group scale (group 128, M <= 64) and the CUDA-core GEMV (M <= 8)
     partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size == 128 and m <= 64]
     # M > 64: int4 -> int8 weight pass (ops/w4a8_int8_weight.py), then the W8A8 kernel's configs
     w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms) + tma_configs(m, k)] if m > 64 and k % 8 == 0 else []
     tma = [dict(c, UNPACK_ASM=1) for c in tma_configs(m, k, group_size, w4=True)]  # M > 64: unpack into the B operand
-    return base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + tma + w8
+    # M <= 64 (K % 128 == 0): the packed bytes straight into the MMA's A registers; first where
+    # offered (the heuristic, untuned pick): on the H200 it won 33 of the 40 keys at M = 1-64
+    # (BENCHMARKS.md, ninth session), and the tile kernel below otherwise
+    words = mma_words_configs(m, n, k, sms)
+    return words[:1] + base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + words[1:] + tma + w8
 
 
 def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:
@@ -431,6 +435,10 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         from .w4a8_gemv import run_w4a8_gemv
 
         return run_w4a8_gemv(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=config)
+    if config.get("KERNEL") == "mma_words":
+        from .w4a8_mma_words import run_w4a8_mma_words
+
+        return run_w4a8_mma_words(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=config)
     if config.get("KERNEL") == "w8":
         from .w4a8_int8_weight import w4_to_int8
 

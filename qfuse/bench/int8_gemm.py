@@ -13,7 +13,7 @@ Per (N x K shape, M), medians in microseconds, all in one run:
 * ``floor_w8a8_us``, ``floor_w4a8_us``: bytes moved / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only);
 * ``w4a8_pc_<family>_us``, ``w4a8_g128_<family>_us``: the best config of each W4A8 kernel
   family (:func:`config_family`: tensor-core tiles with int8-op or PTX unpack, the
-  int32-partial group scale, the dp4a GEMV, the int8-weight pass + W8A8), all in this run;
+  int32-partial group scale, the dp4a GEMV, ``mma_words``, the int8-weight pass + W8A8), all in this run;
 * ``*_eager_us``: one eager call, Python launch overhead included.
 
 Kernel times are CUDA-graph replays over enough weight copies to stream > 3x L2 per
@@ -36,7 +36,7 @@ from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_gr
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 MS = [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096]
 OURS = ("w8a8", "w4a8_pc", "w4a8_g128")
-FAMILIES = ("tc", "asm", "gsp", "gemv", "w8", "w8_tma", "tma", "gemv8")
+FAMILIES = ("tc", "asm", "gsp", "gemv", "mma_words", "w8", "w8_tma", "tma", "gemv8")
 
 
 def _gemlite_layers(n, k, dev):
@@ -193,6 +193,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
 def config_family(cfg: dict) -> str:
     """Which kernel a candidate runs: ``tc`` (tensor-core tile kernel, int8-op unpack), ``asm``
     (inline-PTX unpack), ``gsp`` (asm + int32-partial group scale), ``gemv`` (dp4a GEMV),
+    ``mma_words`` (ops/w4a8_mma_words.py: packed bytes into the A registers, K permuted),
     ``tma`` (ops/int8_gemm_tma.py: unpack into the B operand), ``w8`` / ``w8_tma`` (int4 -> int8
     weight pass + the W8A8 tile / TMA kernel); W8A8: ``tc``, ``tma`` or ``gemv8`` (dp4a GEMV)."""
     if cfg.get("KERNEL"):
@@ -208,7 +209,7 @@ def config_label(cfg: dict) -> str:
     if cfg.get("KERNEL") in ("gemv", "gemv8"):
         return "{KERNEL}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
             "/pf" if cfg.get("PREFETCH") else "")
-    label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**cfg)
+    label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**{"BLOCK_K": 128, **cfg})
     if cfg.get("PERSISTENT"):
         label += f"/p{cfg['PERSISTENT']}"
     fam = config_family(cfg)
@@ -223,6 +224,7 @@ def markdown_table(rows) -> str:
             ("w8a8_gemv8_us", "w8a8 gemv us"), ("w8a8_cfg", "w8a8 cfg"),
             ("w4a8_pc_asm_us", "pc asm us"), ("w4a8_g128_asm_us", "g128 asm us"),
             ("w4a8_pc_gemv_us", "pc gemv us"), ("w4a8_g128_gemv_us", "g128 gemv us"), ("w4a8_g128_gsp_us", "g128 gsp us"),
+            ("w4a8_pc_mma_words_us", "pc mma_words us"), ("w4a8_g128_mma_words_us", "g128 mma_words us"),
             ("w8a8_tma_us", "w8a8 tma us"), ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_pc_w8_tma_us", "pc w8 tma us"),
             ("w4a8_pc_tma_us", "pc tma us"), ("w4a8_g128_tma_us", "g128 tma us"),
             ("w4a8_g128_w8_us", "g128 w8 us"),

@@ -12,7 +12,7 @@ the longest region closed by a backward branch::
 prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop's instruction
 count and opcode histogram, and instructions per weight byte = loop instructions x threads /
 weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16),
-``tiled_planes`` and ``mma_words`` (W4A16), ``w4a8_gemv``, ``w8a8_gemv``. A static count: the real rate also
+``tiled_planes`` and ``mma_words`` (W4A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``. A static count: the real rate also
 depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
 """
 
@@ -66,6 +66,15 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         sig = {**int8, "gs_ptr": "*i8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32",
                "M": "i32", "N": "i32", "KW4": "i32", "W_PER_SPLIT": "i32", "G": "i32"}
         consts = dict(GROUPED=group == 128)
+    elif kernel == "w4a8_mma_words":
+        from qfuse.ops.w4a8_mma_words import _w4a8_mma_words_kernel as fn
+
+        sig = {"x_ptr": "*i8", "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp32", "gs_ptr": "*i8", "bias_ptr": f"*{dtype}",
+               "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32",
+               "G": "i32", "B_PER_SPLIT": "i32"}
+        consts = dict(GROUPED=group == 128, X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"],
+                      BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg.get("SPLIT_K", 1) > 1, GROUP_N=8, ASM=True)
+        return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     elif kernel == "w8a8_gemv":
         from qfuse.ops.w8a8_gemv import _w8a8_gemv_kernel as fn
 
@@ -97,7 +106,7 @@ def opcode(line: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
-    p.add_argument("kernel", help="gemv_words, tiled_planes, mma_words, w4a8_gemv or w8a8_gemv")
+    p.add_argument("kernel", help="gemv_words, tiled_planes, mma_words, w4a8_gemv, w4a8_mma_words or w8a8_gemv")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
     p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
     p.add_argument("--zeros", action="store_true", help="with zero points (wna16)")
@@ -106,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
                 "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
-                "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
+                "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
+                "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
     try:
         if args.kernel not in defaults:
             raise ValueError(f"unknown kernel {args.kernel!r}; choose from {', '.join(defaults)}")

@@ -1,4 +1,4 @@
-"""Compile ops/w4a16_tiled_planes.py's, ops/wna16_tma.py's and ops/w4a16_mma_words.py's kernels for sm_90 without a GPU (run
+"""Compile ops/w4a16_tiled_planes.py's, ops/wna16_tma.py's, ops/w4a16_mma_words.py's and ops/w4a8_mma_words.py's kernels for sm_90 without a GPU (run
 as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_wna16_tma.py). Their
 inline PTX cannot run under the Triton interpreter, and a malformed asm operand list ends the
 compiling process with an LLVM abort, so this is the CPU-side check that the PTX assembles for
@@ -61,6 +61,12 @@ def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_p
     return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], 8, 4)
 
 
+def compile_w4a8_mma_words(group: int, split: bool, tokens: int, rows: int, warps: int) -> str:
+    """ops/w4a8_mma_words.py's kernel; its PTX."""
+    fn, sig, consts, _ = kernel_spec("w4a8_mma_words", 4, group, False, "bf16", {"BLOCK_M": tokens, "BLOCK_N": rows, "SPLIT_K": 2 if split else 1})
+    return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], warps, 4)
+
+
 def _waits(ptx: str) -> str:
     """The kernel's ``wgmma.wait_group`` counts in program order, comma-separated."""
     return ",".join(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
@@ -72,6 +78,11 @@ if __name__ == "__main__":
             _, dtype, group, zeros, scale_w, *pairs = case.split(",")
             ptx = compile_mma_words(dtype, int(group), zeros == "1", scale_w == "1", pairs == ["1"])
             print("compiled", case, "waits", _waits(ptx), flush=True)
+            continue
+        if case.startswith("w4a8mw,"):  # w4a8mw,group,split,tokens,rows,warps: prints the int8 wgmma shapes used
+            _, group, split, tokens, rows, warps = case.split(",")
+            ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps))
+            print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
             continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
             _, dtype, group, zeros, split_k, *rest = case.split(",")

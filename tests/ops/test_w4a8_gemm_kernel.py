@@ -193,13 +193,16 @@ def test_gemv_rejects_what_it_cannot_tile():
 
 @pytest.mark.parametrize("group_size", [-1, 128])
 def test_new_candidates_are_extra(group_size):
-    """The GEMV / GS_PARTIAL / int8-weight-pass families come after the measured ones (first
-    candidate unchanged), only where they can run; every GEMV config tiles its K."""
-    for m in (1, 2, 4, 8, 16, 64):
+    """The GEMV / GS_PARTIAL / int8-weight-pass families come after the tile kernel's configs,
+    only where they can run; every GEMV config tiles its K. At M <= 64 the heuristic mma_words
+    config (ops/w4a8_mma_words.py) goes first."""
+    for m in (1, 2, 4, 8, 16, 64, 128):
         for n, k in SHAPES:
             old = candidate_configs(m, n, k, group_size, 132)
             new = candidate_configs(m, n, k, group_size, 132, w4_asm=True)
-            assert new[: len(old)] == old
+            words_first = new[0].get("KERNEL") == "mma_words"
+            assert words_first == (m <= 64)
+            assert new[words_first: words_first + len(old)] == old
             gemv = [c for c in new if c.get("KERNEL") == "gemv"]
             assert bool(gemv) == (m <= 8) and all(gemv_supported(k, group_size, c) for c in gemv)
             assert any(c.get("GS_PARTIAL") for c in new) == (group_size == 128 and m <= 64)

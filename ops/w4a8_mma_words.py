@@ -1,0 +1,192 @@
+"""Decode-M tensor-core kernel for ``w4a8_gemm``: the natural int4 packing straight into the int8
+MMA's register A operand, the activations permuted to the packing's code order.
+
+Same math and bits as ops/int8_gemm_kernels.py (the op's contract)::
+
+    acc[m, n] = sum_k int32(xq[m, k]) * (u[n, k] - 8) * group_scale[n, k // 128]   exact int32
+    out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
+
+The A operand of an 8-bit ``m16n8k32`` / wgmma tile gives lane ``l`` (``c = l % 4``) of each
+row the k runs ``4c .. 4c + 3`` and ``16 + 4c .. 16 + 4c + 3`` of every 32-deep step: one
+32-bit register each. Four bytes of the natural packing (ops/int4_packing.py) hold eight codes,
+byte ``b`` the codes ``2b`` (low nibble) and ``2b + 1`` (high); masking the low nibbles of a
+32-bit register gives four codes as four bytes, shifting first the other four. So the kernel
+gives the MMA the codes in the order the bytes hold them: per 128-code tile of a row, byte
+``16c + 4q + b`` (c, q, b in 0..3), i.e. natural ``k = 32c + 8q + 2b + h`` (h the nibble),
+goes to::
+
+    k' = 32q + 16h + 4c + b            (a permutation of 0..127)
+
+which puts a lane's 16 bytes of a row (one 16-byte load) exactly in its A registers of the
+tile's four 32-deep steps, low nibbles in the first register of each step, high in the second.
+The sum over k does not depend on the order, so the activation tile is permuted the same way
+in registers (``reshape`` + ``permute``) on its way to the MMA's shared-memory B operand.
+
+Per 32-bit register of packed bytes (``ASM``, inline PTX; the interpreter spells the same in
+int8 ops)::
+
+    lo = ((p & 0x0F0F0F0F) + 0x78787878) ^ 0x80808080          = four (u - 8), two's complement
+    hi = (((p >> 4) & 0x0F0F0F0F) + 0x78787878) ^ 0x80808080
+
+``u + 0x78 <= 0x87`` never carries into the next byte. Then, per 128-code tile::
+
+    acc[n, m] += sum_k' (u - 8)[n, k'] * x[m, k']                         per-channel
+    acc[n, m] += (sum_k' (u - 8)[n, k'] * x[m, k']) * group_scale[n, g]   group 128 (one group a tile)
+
+all exact int32 (|acc| <= K * 2**14, the op's bound). One program: a ``[BLOCK_N, BLOCK_M]``
+tile of ``out^T`` (weight rows on the MMA's 64-row M side, the few tokens on its N side) over
+a ``1 / SPLIT_K`` slice of K; split-K adds exact int32 partials into the persistent zeroed
+workspace and the last split runs the float epilogue (ops/int8_gemm_kernels.py), so the output
+is bit-identical to the reference. Needs K % 128 == 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._zeroed_workspace import zeroed_int32
+from .int8_gemm_kernels import _epilogue, take_split_sum, tile_of
+
+
+@triton.jit
+def _nibbles_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
+    """``int8(nibble - 8)`` of every byte of uint8 ``p``: its low nibble, or with HIGH its high one."""
+    if ASM:  # four bytes per 32-bit register (pack=4): 3-4 instructions for four codes
+        if HIGH:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
+                "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
+                "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
+        if HIGH:
+            return s >> 4
+        else:
+            return (s << 4) >> 4
+
+
+@triton.jit(do_not_specialize=["M"])
+def _w4a8_mma_words_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
+    M, N, K, KB, G, B_PER_SPLIT,
+    GROUPED: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GROUP_N: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    BLOCK_K: tl.constexpr = 128
+    pid_k = tl.program_id(1)
+    split_k = tl.num_programs(1)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_n, pid_m = tile_of(tl.program_id(0), num_pid_n, tl.cdiv(M, BLOCK_M), GROUP_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    rows_n = tl.where(mask_n, offs_n, 0)  # clamped rows keep the loads in bounds; stores are masked
+    rows_m = tl.where(mask_m, offs_m, 0)
+    b_start = pid_k * B_PER_SPLIT  # packed bytes: K // 2 per row
+    # KB (= K // 2) and B_PER_SPLIT are multiples of 64 on every supported shape: 16-byte loads
+    w_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * KB + (b_start + tl.arange(0, BLOCK_K // 2))[None, :]
+    x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * K + (2 * b_start + tl.arange(0, BLOCK_K))[None, :]
+    if GROUPED:
+        gs_rows = gs_ptr + rows_n.to(tl.int64) * G + b_start // 64
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
+    for it in range(0, B_PER_SPLIT // 64):
+        p = tl.load(w_ptrs, eviction_policy="evict_first")  # [BLOCK_N, 64]: byte 16c + 4q + b of the tile
+        p = tl.reshape(p, (BLOCK_N, 4, 4, 4))  # [n, c, q, b]
+        a = tl.join(_nibbles_minus_8(p, False, ASM), _nibbles_minus_8(p, True, ASM))  # [n, c, q, b, h]
+        a = tl.reshape(tl.permute(a, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))  # [n, q, h, c, b] = k' order
+        xt = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_M, 128], natural k = 32c + 8q + 2b + h
+        xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 4, 2)), (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
+        if GROUPED:  # the tile is one group: its exact partial times the rows' integer scales
+            part = tl.dot(a, tl.trans(xt), out_dtype=tl.int32)
+            acc += part * tl.load(gs_rows + it).to(tl.int32)[:, None]
+        else:
+            acc = tl.dot(a, tl.trans(xt), acc, out_dtype=tl.int32)
+        w_ptrs += BLOCK_K // 2
+        x_ptrs += BLOCK_K
+
+    mask = mask_n[:, None] & mask_m[None, :]
+    if SPLIT:
+        tile = pid_m * num_pid_n + pid_n
+        ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial is issued before the counter moves
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if arrived == split_k - 1:
+            acc = take_split_sum(ws_ptrs, mask, count_ptr + tile)
+            _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
+                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    else:
+        _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
+                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+def mma_words_supported(k: int, split_k: int = 1) -> bool:
+    """K a whole number of 128-code tiles in every split."""
+    return k % 128 == 0 and (k // 128) % split_k == 0
+
+
+def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
+    """Launch with ``config`` = {KERNEL: "mma_words", BLOCK_M, BLOCK_N, SPLIT_K, GROUP_N, num_warps,
+    num_stages}; arguments already checked by the op. Returns [M, N]."""
+    m, k = xq.shape
+    n = qweight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0 or n == 0:
+        return out
+    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
+    if not mma_words_supported(k, split):
+        raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0, whole tiles per split)")
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if split > 1:
+        buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
+        acc_ws, counts = buf[: m * n], buf[m * n:]
+    else:
+        acc_ws = counts = out  # never touched without split-K
+    _w4a8_mma_words_kernel[(tiles, split)](
+        xq.contiguous(), x_scale.reshape(-1).contiguous(), qweight, w_scale,
+        group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,
+        out, acc_ws, counts,
+        m, n, k, k // 2, k // 128, k // 2 // split,
+        GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1, GROUP_N=config.get("GROUP_N", 8),
+        ASM=xq.is_cuda, num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 4), enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+# (weight rows BLOCK_N, warps, stages). sm_90 SASS of the loop (triton 3.6, 16 tokens; `qfuse bench
+# sass w4a8_mma_words`), instructions per weight byte, per-channel / group 128: 128 rows / 4 warps
+# 3.03 / 3.44, 128 / 8 warps 3.59 / 4.38, 64 / 4 warps 3.72 / 4.47 (the tile kernel of
+# ops/int8_gemm_kernels.py: 5.7-6.7 / 6.5-8.4 with GS_PARTIAL); no layout shuffle on either operand
+_TILES = ((128, 4, 4), (128, 8, 4), (64, 4, 4), (128, 4, 6), (64, 4, 6), (256, 8, 3))
+
+
+def mma_words_configs(m: int, n: int, k: int, sms: int) -> list[dict]:
+    """Candidates for M <= 64: BLOCK_M = 16-64 tokens (the MMA's N side; Triton's dot needs >= 16),
+    each tile with the split-K factors of :func:`split_k_choices` that divide K's 128-code tiles.
+    The first is the heuristic pick (what runs untuned): 128 rows / 8 warps up to M = 8, else
+    64 rows / 4 warps (4 stages), split to about two programs per SM: the tiles the H200 tune
+    picked most often (BENCHMARKS.md, ninth session: of the 14 keys at M = 1-4 it won, 12 with
+    128 rows / 8 warps; of the 19 at M = 16-64, 17 with 64 rows / 4 warps, 4 or 6 stages)."""
+    from ._autotune import m_bucket, split_k_choices
+
+    if m > 64 or not mma_words_supported(k):
+        return []
+    bm = max(16, min(64, m_bucket(m)))
+    out = []
+    for bn, warps, stages in _TILES:
+        programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+        for sp in split_k_choices(k // 128, programs, sms):
+            out.append({"KERNEL": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "GROUP_N": 8,
+                        "num_warps": warps, "num_stages": stages})
+    bn, warps = (128, 8) if m_bucket(m) <= 8 else (64, 4)
+    tile = [c for c in out if (c["BLOCK_N"], c["num_warps"], c["num_stages"]) == (bn, warps, 4)]
+    programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    first = min(tile, key=lambda c: max(programs * c["SPLIT_K"], 2 * sms) / min(programs * c["SPLIT_K"], 2 * sms))
+    return [first] + [c for c in out if c is not first]
