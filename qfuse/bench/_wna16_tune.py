@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from qfuse.ops._autotune import _TUNED_DIR, _key_str, _memory, device_name, merge_into_json
-from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, run_config
+from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, is_experimental, run_config
 from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
 from .timing import copies_for, time_graph
@@ -114,6 +114,16 @@ def precompile(shapes, ms, bits_list, group_size, dtype, asym, workers: int, log
         log(f"precompile: a compile worker died ({e}); the rest compile while timing, where the same config would stop the run")
 
 
+def _shippable_pick(timings: list[tuple[float, dict]], bits: int):
+    """``(us, config, next us)`` of the fastest config that may ship (not opt-in: a shipped pick
+    bypasses the QFUSE_EXPERIMENTAL_KERNELS gate), or None; ``timings`` sorted."""
+    ok = [(us, cfg) for us, cfg in timings if not is_experimental(cfg, bits)]
+    if not ok:
+        return None
+    later = [us for us, cfg in ok[1:]]
+    return ok[0][0], ok[0][1], later[0] if later else float("nan")
+
+
 def _append_timings(cache_file: Path, key: str, timings: list[tuple[float, dict]]) -> None:
     path = cache_file.with_suffix(".timings.csv")
     new = not path.is_file()
@@ -129,7 +139,8 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
          families: set[str] | None = None) -> dict:
     """Time every candidate per (shape, M bucket, bits); keep the fastest in the in-process
     cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}.
-    Every timed candidate's median goes to ``<cache_file stem>.timings.csv``
+    The pick is the fastest config that may ship (opt-in ones are timed, logged and listed, never
+    picked: :func:`_shippable_pick`). Every timed candidate's median goes to ``<cache_file stem>.timings.csv``
     (key, rank, us, config as JSON), so a tune also says how far each loser was.
     ``families``: time only those kernel families and the shipped pick (:func:`tune_candidates`)."""
     if workers > 1:
@@ -161,14 +172,17 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                 timings.sort(key=lambda t: t[0])
                 if cache_file is not None:
                     _append_timings(cache_file, key, timings)
-                if not timings:
-                    log(f"{key}: no candidate ran")
+                pick = _shippable_pick(timings, bits)
+                if pick is None:
+                    log(f"{key}: no candidate ran" if not timings else f"{key}: only opt-in configs ran")
                     continue
-                best_all[key] = timings[0][1]
-                _memory[key] = timings[0][1]
+                us, cfg, rest = pick
+                best_all[key] = cfg
+                _memory[key] = cfg
                 if cache_file is not None:  # at once: a tune cut short (a device-time limit) keeps every key it finished
-                    merge_into_json(cache_file, key, timings[0][1])
-                log(f"{key}: {timings[0][0]:.1f} us {timings[0][1]} (next {timings[1][0] if len(timings) > 1 else float('nan'):.1f} us)")
+                    merge_into_json(cache_file, key, cfg)
+                note = f"; opt-in {timings[0][1]} was {timings[0][0]:.1f} us" if timings[0][1] is not cfg else ""
+                log(f"{key}: {us:.1f} us {cfg} (next {rest:.1f} us{note})")
             del copies
             torch.cuda.empty_cache()
     return best_all

@@ -58,3 +58,16 @@ def test_tune_timings_csv_lists_every_candidate_in_rank_order(tmp_path):
     rows = list(csv.DictReader((tmp_path / "wna16_gemm.tuned.timings.csv").open()))
     assert [(r["key"], r["rank"], r["us"]) for r in rows] == [("k1", "0", "5.00"), ("k1", "1", "7.25"), ("k2", "0", "3.00")]
     assert json.loads(rows[0]["config"]) == {"kernel": "a", "X": 1}
+
+
+def test_tune_never_picks_an_opt_in_config():
+    """Opt-in configs are timed but the pick (what the tuned JSON ships) is the fastest other one."""
+    from qfuse.bench._wna16_tune import _shippable_pick
+
+    capped = {"kernel": "mma_words", "BLOCK_M": 16, "BLOCK_N": 128, "MAXNREG": 128}
+    plain = {"kernel": "mma_words", "BLOCK_M": 16, "BLOCK_N": 128}
+    other = {"kernel": "tiled_planes", "BLOCK_M": 16}
+    assert _shippable_pick([(9.0, capped), (9.5, plain), (10.0, other)], 4) == (9.5, plain, 10.0)
+    us, cfg, rest = _shippable_pick([(9.0, plain), (9.2, capped)], 4)
+    assert (us, cfg) == (9.0, plain) and rest != rest  # no shippable runner-up: NaN
+    assert _shippable_pick([(9.0, capped)], 4) is None and _shippable_pick([], 4) is None
