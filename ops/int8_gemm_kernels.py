@@ -341,7 +341,7 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     # M <= 64 (K % 128 == 0): the packed bytes straight into the MMA's A registers; first where
     # offered (the heuristic, untuned pick): on the H200 it won 33 of the 40 keys at M = 1-64
     # (BENCHMARKS.md, ninth session), and the tile kernel below otherwise
-    words = mma_words_configs(m, n, k, sms)
+    words = mma_words_configs(m, n, k, sms, group_size)
     return words[:1] + base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + words[1:] + tma + w8
 
 

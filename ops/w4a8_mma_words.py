@@ -70,12 +70,38 @@ def _nibbles_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
             return (s << 4) >> 4
 
 
+@triton.jit
+def _scaled_nibbles_minus_8(p, g, c, HIGH: tl.constexpr, ASM: tl.constexpr):
+    """``int8((nibble - 8) * g)`` of every byte of uint8 ``p`` (low or, with HIGH, high nibble);
+    ``g`` the integer group scale in [1, 16] of the byte's row (int32, broadcast), ``c`` =
+    ``(128 - 8 g) * 0x01010101``. Per byte ``u * g + 128 - 8 g`` lies in [0, 240], so one 32-bit
+    multiply-add of four masked bytes never carries between them, and ``^ 0x80`` leaves
+    ``(u - 8) * g`` in two's complement: one instruction more than the unscaled unpack. The asm
+    takes the first of the four packed ``g`` / ``c`` for all four bytes of a register: right
+    because a register's four bytes lie in one row here (a lane's 16 bytes of a row; the GPU
+    tests check every config bit for bit)."""
+    if ASM:
+        g = tl.broadcast_to(g, p.shape)
+        c = tl.broadcast_to(c, p.shape)
+        if HIGH:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
+                "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
+                "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return (_nibbles_minus_8(p, HIGH, False).to(tl.int32) * g).to(tl.int8)  # |(u - 8) g| <= 128: exact
+
+
 @triton.jit(do_not_specialize=["M"])
 def _w4a8_mma_words_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
     M, N, K, KB, G, B_PER_SPLIT,
     GROUPED: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GROUP_N: tl.constexpr, ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GROUP_N: tl.constexpr, GS_FOLD: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     BLOCK_K: tl.constexpr = 128
     pid_k = tl.program_id(1)
@@ -98,11 +124,16 @@ def _w4a8_mma_words_kernel(
     for it in range(0, B_PER_SPLIT // 64):
         p = tl.load(w_ptrs, eviction_policy="evict_first")  # [BLOCK_N, 64]: byte 16c + 4q + b of the tile
         p = tl.reshape(p, (BLOCK_N, 4, 4, 4))  # [n, c, q, b]
-        a = tl.join(_nibbles_minus_8(p, False, ASM), _nibbles_minus_8(p, True, ASM))  # [n, c, q, b, h]
+        if GROUPED and GS_FOLD:  # the tile is one group: its scale into the int8 operand
+            g = tl.load(gs_rows + it).to(tl.int32)[:, None, None, None]
+            c = (128 - 8 * g) * 0x01010101
+            a = tl.join(_scaled_nibbles_minus_8(p, g, c, False, ASM), _scaled_nibbles_minus_8(p, g, c, True, ASM))
+        else:
+            a = tl.join(_nibbles_minus_8(p, False, ASM), _nibbles_minus_8(p, True, ASM))  # [n, c, q, b, h]
         a = tl.reshape(tl.permute(a, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))  # [n, q, h, c, b] = k' order
         xt = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_M, 128], natural k = 32c + 8q + 2b + h
         xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 4, 2)), (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
-        if GROUPED:  # the tile is one group: its exact partial times the rows' integer scales
+        if GROUPED and not GS_FOLD:  # the tile is one group: its exact partial times the rows' integer scales
             part = tl.dot(a, tl.trans(xt), out_dtype=tl.int32)
             acc += part * tl.load(gs_rows + it).to(tl.int32)[:, None]
         else:
@@ -133,7 +164,8 @@ def mma_words_supported(k: int, split_k: int = 1) -> bool:
 
 def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
     """Launch with ``config`` = {KERNEL: "mma_words", BLOCK_M, BLOCK_N, SPLIT_K, GROUP_N, num_warps,
-    num_stages}; arguments already checked by the op. Returns [M, N]."""
+    num_stages, GS_FOLD (group 128: the scale in the int8 operand, not on the tile's partial)};
+    arguments already checked by the op. Returns [M, N]."""
     m, k = xq.shape
     n = qweight.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
@@ -155,7 +187,7 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
         m, n, k, k // 2, k // 128, k // 2 // split,
         GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
         HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1, GROUP_N=config.get("GROUP_N", 8),
-        ASM=xq.is_cuda, num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 4), enable_fp_fusion=False,
+        GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 4), enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
@@ -167,9 +199,10 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
 _TILES = ((128, 4, 4), (128, 8, 4), (64, 4, 4), (128, 4, 6), (64, 4, 6), (256, 8, 3))
 
 
-def mma_words_configs(m: int, n: int, k: int, sms: int) -> list[dict]:
+def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) -> list[dict]:
     """Candidates for M <= 64: BLOCK_M = 16-64 tokens (the MMA's N side; Triton's dot needs >= 16),
-    each tile with the split-K factors of :func:`split_k_choices` that divide K's 128-code tiles.
+    each tile with the split-K factors of :func:`split_k_choices` that divide K's 128-code tiles;
+    group 128: each also with ``GS_FOLD``.
     The first is the heuristic pick (what runs untuned): 128 rows / 8 warps up to M = 8, else
     64 rows / 4 warps (4 stages), split to about two programs per SM: the tiles the H200 tune
     picked most often (BENCHMARKS.md, ninth session: of the 14 keys at M = 1-4 it won, 12 with
@@ -189,4 +222,7 @@ def mma_words_configs(m: int, n: int, k: int, sms: int) -> list[dict]:
     tile = [c for c in out if (c["BLOCK_N"], c["num_warps"], c["num_stages"]) == (bn, warps, 4)]
     programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     first = min(tile, key=lambda c: max(programs * c["SPLIT_K"], 2 * sms) / min(programs * c["SPLIT_K"], 2 * sms))
-    return [first] + [c for c in out if c is not first]
+    out = [first] + [c for c in out if c is not first]
+    if group_size == 128:  # group 128 also with the scale folded into the int8 operand
+        out += [dict(c, GS_FOLD=1) for c in out]
+    return out

@@ -73,7 +73,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
                "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32",
                "G": "i32", "B_PER_SPLIT": "i32"}
         consts = dict(GROUPED=group == 128, X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"],
-                      BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg.get("SPLIT_K", 1) > 1, GROUP_N=8, ASM=True)
+                      BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg.get("SPLIT_K", 1) > 1, GROUP_N=8, GS_FOLD=bool(cfg.get("GS_FOLD", 0)), ASM=True)
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     elif kernel == "w8a8_gemv":
         from qfuse.ops.w8a8_gemv import _w8a8_gemv_kernel as fn

@@ -26,14 +26,19 @@ def _cfg(bm=16, bn=32, split=1, **kw):
 
 # ---------------------------------------------------------------- CPU: Triton interpreter
 
+# (group, GS_FOLD): per-channel; group 128 on the tile's partial; group 128 in the int8 operand
+FORMS = [(-1, 0), (128, 0), (128, 1)]
+
+
 @pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
-@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("form", range(len(FORMS)))
 @pytest.mark.parametrize("split_k", [1, 3])
-def test_interpreter_matches_reference(m, group_size, split_k):
-    i = m + split_k + (group_size > 0)
+def test_interpreter_matches_reference(m, form, split_k):
+    group_size, fold = FORMS[form]
+    i = m + split_k + form
     out_dtype = (torch.bfloat16, torch.float16)[i % 2]
     args = make_w4a8(m, 40, 384, group_size, per_token=i % 3 != 0, bias=i % 2 == 0, out_dtype=out_dtype)
-    out = run_w4a8_mma_words(*args, out_dtype, config=_cfg(bm=32 if m == 33 else 16, split=split_k))
+    out = run_w4a8_mma_words(*args, out_dtype, config=_cfg(bm=32 if m == 33 else 16, split=split_k, GS_FOLD=fold))
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
     fake_quant_check(out, *args, group_size)
 
@@ -47,9 +52,10 @@ def test_interpreter_accumulator_at_its_bound():
     codes[1::2] = 15  # q = 7
     gs = torch.full((32, k // 128), 16, dtype=torch.int8)
     one = torch.ones(1)
-    out = run_w4a8_mma_words(xq, one, pack_int4(codes), one, gs, None, torch.float32, config=_cfg(split=2))
-    assert torch.equal(out, w4a8_gemm_ref(xq, one, pack_int4(codes), one, gs, None, 128, torch.float32))
-    assert out.abs().max() == k * 2**14
+    for fold in (0, 1):  # w_int = -128 (u = 0, gs = 16) is the int8 edge of the folded operand
+        out = run_w4a8_mma_words(xq, one, pack_int4(codes), one, gs, None, torch.float32, config=_cfg(split=2, GS_FOLD=fold))
+        assert torch.equal(out, w4a8_gemm_ref(xq, one, pack_int4(codes), one, gs, None, 128, torch.float32))
+        assert out.abs().max() == k * 2**14
 
 
 def test_supported_shapes_and_errors():
@@ -64,7 +70,9 @@ def test_candidates_for_decode_only():
     """Offered (W4A8 on a GPU) at M <= 64 with whole 128-code tiles per split, not beyond."""
     for m in (1, 16, 64):
         cfgs = [c for c in candidate_configs(m, 4096, 14336, 128, 132, w4_asm=True) if c.get("KERNEL") == "mma_words"]
-        assert cfgs == mma_words_configs(m, 4096, 14336, 132) and cfgs
+        assert cfgs == mma_words_configs(m, 4096, 14336, 132, 128) and cfgs
+        assert sum(c.get("GS_FOLD", 0) for c in cfgs) * 2 == len(cfgs)  # each tile with and without the folded scale
+        assert not any(c.get("GS_FOLD") for c in mma_words_configs(m, 4096, 14336, 132, -1))
         assert all(mma_words_supported(14336, c["SPLIT_K"]) and c["BLOCK_M"] == max(16, m) for c in cfgs)
     assert mma_words_configs(128, 4096, 4096, 132) == [] and mma_words_configs(16, 4096, 4104, 132) == []
     assert not any(c.get("KERNEL") == "mma_words" for c in candidate_configs(16, 4096, 4096, 128, 132))  # no PTX: the interpreter
@@ -73,9 +81,10 @@ def test_candidates_for_decode_only():
 def test_compiles_to_int8_wgmma_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton, and the MMA is the int8
     wgmma with the tokens as its N side (not a fallback to mma.sync)."""
-    cases = ["w4a8mw,-1,0,16,128,4", "w4a8mw,128,1,16,128,8", "w4a8mw,128,0,32,64,4", "w4a8mw,-1,1,64,256,8"]
+    cases = ["w4a8mw,-1,0,16,128,4", "w4a8mw,128,1,16,128,8", "w4a8mw,128,0,32,64,4", "w4a8mw,-1,1,64,256,8",
+             "w4a8mw,128,1,16,64,4,1", "w4a8mw,128,0,64,128,8,1"]  # GS_FOLD
     out = run_sm90_script("_compile_sm90.py", cases)
-    for case, n in zip(cases, (16, 16, 32, 64)):
+    for case, n in zip(cases, (16, 16, 32, 64, 16, 64)):
         assert f"compiled {case} mma m64n{n}k32.s32.s8.s8" in out
 
 
@@ -90,7 +99,7 @@ def test_gpu_every_config(n, k, m, group_size):
     out_dtype = (torch.bfloat16, torch.float16)[m % 2]
     args = make_w4a8(m, n, k, group_size, device="cuda", per_token=m != 7, bias=m % 2 == 1, out_dtype=out_dtype)
     ref = w4a8_gemm_ref(*args, group_size, out_dtype)
-    cfgs = mma_words_configs(m, n, k, sms)
+    cfgs = mma_words_configs(m, n, k, sms, group_size)
     assert cfgs
     for cfg in cfgs:
         assert_bitwise(run_w4a8_mma_words(*args, out_dtype, config=cfg), ref)
