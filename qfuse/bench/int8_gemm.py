@@ -213,7 +213,7 @@ def config_label(cfg: dict) -> str:
     if cfg.get("PERSISTENT"):
         label += f"/p{cfg['PERSISTENT']}"
     fam = config_family(cfg)
-    return label + ("" if fam == "tc" else "/" + fam)
+    return label + ("" if fam == "tc" else "/" + fam) + ("/fold" if cfg.get("GS_FOLD") else "")
 
 
 def markdown_table(rows) -> str:
