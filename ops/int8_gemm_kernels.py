@@ -44,7 +44,9 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
   16x32x128 27.1 -> 8.4 (per-channel 5.7-6.7); at 256x128x128 the [BLOCK_N, BLOCK_M] partial
   spills (352 B of stack), so large M keeps the per-element product.
 * **Other kernels** a config can name (``KERNEL``): ``"gemv"``, the dp4a GEMV of
-  ops/w4a8_gemv.py (W4A8, M <= 8); ``"w8"``, an int4 -> int8 weight pass
+  ops/w4a8_gemv.py (W4A8, M <= 8); ``"mma_words"``, ops/w4a8_mma_words.py (W4A8, M <= 64: the
+  packed bytes straight into the int8 wgmma's register A operand, K permuted to their order;
+  on the H200 the pick at 62 of the 70 W4A8 keys at M = 1-64, ninth session); ``"w8"``, an int4 -> int8 weight pass
   (ops/w4a8_int8_weight.py) followed by this kernel in its W8A8 form (W4A8, M > 64);
   ``"gemv8"``, the dp4a GEMV of ops/w8a8_gemv.py (W8A8, M <= 8). Measured on the H200
   (BENCHMARKS.md, int8_gemm): the W4A8 GEMV wins M = 1 on all five shapes (8.1-31.0 us

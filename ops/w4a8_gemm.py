@@ -132,7 +132,8 @@ def w4a8_gemm(
 @w4a8_gemm.register_kernel("cuda")
 def _w4a8_gemm_cuda(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype):
     """The Triton kernels of ops/int8_gemm_kernels.py (bit-identical to the reference): the tile
-    kernel, or by config the dp4a GEMV (ops/w4a8_gemv.py) or the int8-weight pass + W8A8 kernel.
+    kernel, or by config the dp4a GEMV (ops/w4a8_gemv.py), the register-operand kernel
+    (ops/w4a8_mma_words.py) or the int8-weight pass + W8A8 kernel.
 
     group_scale values outside [1, 16] are not checked here (that would need a host
     sync); the kernel's int8 product wraps for them, as the docstring's range allows.

@@ -255,9 +255,10 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
                 c = {"kernel": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "GROUP_M": 8,
                      "num_warps": warps, "num_stages": stages, **({"MAXNREG": cap} if cap else {})}
                 out.append(c)
-                # opt-in, not yet timed on a GPU: codes paired within a byte, so the activations arrive
-                # by 4-byte async copies and the wgmma stays asynchronous where nothing rescales the
-                # accumulator in the loop (per-channel, SCALE_W; PTX wait_group 7 instead of 0);
+                # opt-in (H200, ninth session: 12-19 % slower than the plain form on 10 fp16 keys): codes
+                # paired within a byte, so the activations arrive by 4-byte async copies and the wgmma
+                # stays asynchronous where nothing rescales the accumulator in the loop (per-channel,
+                # SCALE_W; PTX wait_group 7 instead of 0);
                 # +15 % loop instructions (sm_90 SASS, 128 rows / 4 warps, per-channel: 344 against 298)
                 if bn == 128 and not cap and (sw or group_size == -1):
                     out.append({**c, "BYTE_PAIRS": True})
@@ -313,7 +314,7 @@ def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int 
 def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
-    fastest), ``mma_words`` with ``BYTE_PAIRS`` (not yet timed on a GPU), ``TAIL_SPLIT`` (right on the H200,
+    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), ``TAIL_SPLIT`` (right on the H200,
     never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to

@@ -80,7 +80,7 @@ def test_supported_shapes():
 
 
 def test_register_capped_configs_are_opt_in(monkeypatch):
-    """MAXNREG configs (never clearly faster on the H200) and BYTE_PAIRS (not yet timed) run only
+    """MAXNREG configs (never clearly faster on the H200) and BYTE_PAIRS (slower there) run only
     with QFUSE_EXPERIMENTAL_KERNELS=1."""
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
     offered = [c for c in usable_configs(16, 4096, 4096, 4, 128) if c["kernel"] == "mma_words"]
