@@ -47,21 +47,15 @@ import triton
 import triton.language as tl
 
 from ._zeroed_workspace import zeroed_int32
-from .int8_gemm_kernels import _epilogue, take_split_sum, tile_of
+from .int8_gemm_kernels import _epilogue, _nibbles_minus_8, _scaled_nibbles, take_split_sum, tile_of
 
 
 @triton.jit
-def _nibbles_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
-    """``int8(nibble - 8)`` of every byte of uint8 ``p``: its low nibble, or with HIGH its high one."""
-    if ASM:  # four bytes per 32-bit register (pack=4): 3-4 instructions for four codes
-        if HIGH:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
-                "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
-        else:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
-                "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+def _codes_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
+    """``int8(nibble - 8)`` of every byte of uint8 ``p``: its low nibble, or with HIGH its high one.
+    ASM: ops/int8_gemm_kernels.py's PTX, four bytes per 32-bit register (3-4 instructions)."""
+    if ASM:
+        return _nibbles_minus_8(p, 4 if HIGH else 0)
     else:
         s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
         if HIGH:
@@ -71,28 +65,17 @@ def _nibbles_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _scaled_nibbles_minus_8(p, g, c, HIGH: tl.constexpr, ASM: tl.constexpr):
-    """``int8((nibble - 8) * g)`` of every byte of uint8 ``p`` (low or, with HIGH, high nibble);
-    ``g`` the integer group scale in [1, 16] of the byte's row (int32, broadcast), ``c`` =
-    ``(128 - 8 g) * 0x01010101``. Per byte ``u * g + 128 - 8 g`` lies in [0, 240], so one 32-bit
-    multiply-add of four masked bytes never carries between them, and ``^ 0x80`` leaves
-    ``(u - 8) * g`` in two's complement: one instruction more than the unscaled unpack. The asm
-    takes the first of the four packed ``g`` / ``c`` for all four bytes of a register: right
-    because a register's four bytes lie in one row here (a lane's 16 bytes of a row; the GPU
-    tests check every config bit for bit)."""
+def _scaled_codes_minus_8(p, g, c, HIGH: tl.constexpr, ASM: tl.constexpr):
+    """``int8((nibble - 8) * g)`` of every byte of uint8 ``p``; ``g`` the integer group scale in
+    [1, 16] of the byte's row (int32, broadcast), ``c = (128 - 8 g) * 0x01010101``. ASM:
+    ops/int8_gemm_kernels.py's multiply-add PTX (one instruction more than the unscaled unpack),
+    which takes the first of a register's four ``g`` for all four bytes: right here because a
+    register's four bytes lie in one row (a lane's 16 bytes of a row; the GPU tests check every
+    config bit for bit)."""
     if ASM:
-        g = tl.broadcast_to(g, p.shape)
-        c = tl.broadcast_to(c, p.shape)
-        if HIGH:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
-                "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
-        else:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
-                "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+        return _scaled_nibbles(p, g, c, 4 if HIGH else 0)
     else:
-        return (_nibbles_minus_8(p, HIGH, False).to(tl.int32) * g).to(tl.int8)  # |(u - 8) g| <= 128: exact
+        return (_codes_minus_8(p, HIGH, False).to(tl.int32) * g).to(tl.int8)  # |(u - 8) g| <= 128: exact
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -127,9 +110,9 @@ def _w4a8_mma_words_kernel(
         if GROUPED and GS_FOLD:  # the tile is one group: its scale into the int8 operand
             g = tl.load(gs_rows + it).to(tl.int32)[:, None, None, None]
             c = (128 - 8 * g) * 0x01010101
-            a = tl.join(_scaled_nibbles_minus_8(p, g, c, False, ASM), _scaled_nibbles_minus_8(p, g, c, True, ASM))
+            a = tl.join(_scaled_codes_minus_8(p, g, c, False, ASM), _scaled_codes_minus_8(p, g, c, True, ASM))
         else:
-            a = tl.join(_nibbles_minus_8(p, False, ASM), _nibbles_minus_8(p, True, ASM))  # [n, c, q, b, h]
+            a = tl.join(_codes_minus_8(p, False, ASM), _codes_minus_8(p, True, ASM))  # [n, c, q, b, h]
         a = tl.reshape(tl.permute(a, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))  # [n, q, h, c, b] = k' order
         xt = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_M, 128], natural k = 32c + 8q + 2b + h
         xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 4, 2)), (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
