@@ -150,9 +150,17 @@ def _int8_gemm_kernel(
         x_ptrs += BLOCK_K
 
     mask = mask_n[:, None] & mask_m[None, :]
+    finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
+                rows_m, rows_n, mask, N, split_k, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit
+def finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, tile, offs_m, offs_n, rows_m, rows_n, mask, N, split_k,
+                SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The output of a tile from its exact int32 ``acc`` (``out^T`` ``[BLOCK_N, BLOCK_M]``): the float
+    epilogue, or with SPLIT the exact int32 reduction of the partials first, finished by the
+    program that arrives last at the tile's counter ``count_ptr + tile``."""
     if SPLIT:
-        # exact int32 reduction of the partials; the last program of the tile finishes it
-        tile = pid_m * num_pid_n + pid_n
         ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
         tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
         tl.debug_barrier()  # every thread's partial is issued before the counter moves

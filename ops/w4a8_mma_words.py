@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ._zeroed_workspace import zeroed_int32
-from .int8_gemm_kernels import _epilogue, _nibbles_minus_8, _scaled_nibbles, take_split_sum, tile_of
+from .int8_gemm_kernels import _nibbles_minus_8, _scaled_nibbles, finish_tile, tile_of
 
 
 @triton.jit
@@ -125,19 +125,8 @@ def _w4a8_mma_words_kernel(
         x_ptrs += BLOCK_K
 
     mask = mask_n[:, None] & mask_m[None, :]
-    if SPLIT:
-        tile = pid_m * num_pid_n + pid_n
-        ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
-        tl.debug_barrier()  # every thread's partial is issued before the counter moves
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-        if arrived == split_k - 1:
-            acc = take_split_sum(ws_ptrs, mask, count_ptr + tile)
-            _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
-                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    else:
-        _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
-                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
+                rows_m, rows_n, mask, N, split_k, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
 def mma_words_supported(k: int, split_k: int = 1) -> bool:
