@@ -74,7 +74,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
     ops = torch.ops.qfuse
     from qfuse.ops._autotune import device_name, m_bucket
     from qfuse.ops.int4_packing import pack_int4
-    from qfuse.ops.int8_gemm_kernels import candidate_configs, run_int8_gemm
+    from qfuse.ops.int8_gemm_kernels import candidate_configs, is_experimental, run_int8_gemm
     from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
     from qfuse.ops.w8a8_gemm import scale_epilogue, w8a8_gemm_ref
 
@@ -127,8 +127,9 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                 log(f"  {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
             if name.startswith("gemlite"):  # its first call per M autotunes: cap the total
                 gemlite_budget["left"] -= time.time() - t0
-        # qfuse kernels: every candidate config, timed the same way; the fastest is the
-        # reported figure and the config shipped in ops/tuned/ for this (M bucket, N, K)
+        # qfuse kernels: every candidate config, timed the same way; the fastest that may ship
+        # (not opt-in: is_experimental) is the reported figure and the config shipped in
+        # ops/tuned/ for this (M bucket, N, K); an opt-in family shows in its own column
         ours = {
             "w8a8": ("w8a8_gemm", (n, k), -1, lambda: w8a8_gemm_ref(xq, xs, wq[0], ws, None, dt),
                      lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=False, config=c) for w in wq]),
@@ -158,7 +159,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
                     log(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:160]}")
                     continue
-                if best is None or us < best[0]:
+                if (best is None or us < best[0]) and not is_experimental(cfg):  # opt-in: timed, never the pick
                     best = (us, cfg)
                 fam = config_family(cfg)
                 family_best[fam] = min(family_best.get(fam, us), us)

@@ -78,3 +78,14 @@ def test_shipped_wna16_picks_are_not_opt_in():
     assert shipped
     opt_in = [key for key, cfg in shipped.items() if is_experimental(cfg, int(key.rsplit("|", 1)[1]))]
     assert not opt_in, opt_in
+
+
+@pytest.mark.parametrize("name", ["w8a8_gemm", "w8a8_gemm_eager", "w4a8_gemm"])
+def test_shipped_int8_picks_are_not_opt_in(name):
+    """The same for the int8 GEMMs (ops/int8_gemm_kernels.py's is_experimental: the W8A8 dp4a GEMV)."""
+    from qfuse.ops.int8_gemm_kernels import is_experimental
+
+    shipped = json.loads((_autotune._TUNED_DIR / f"{name}.NVIDIA_H200.json").read_text())
+    assert shipped
+    opt_in = [key for key, cfg in shipped.items() if is_experimental(cfg)]
+    assert not opt_in, opt_in
