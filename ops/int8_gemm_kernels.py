@@ -331,7 +331,8 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
                       w8_gemv: bool = False) -> list[dict]:
     """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
     the inline-PTX nibble unpack (which the Triton interpreter cannot run) and the other W4A8
-    kernels; with ``w8_gemv`` (W8A8 on a GPU) the TMA kernel's and the dp4a GEMV's configs too."""
+    kernels, the heuristic ``mma_words`` config first at M <= 64; with ``w8_gemv`` (W8A8 on a GPU)
+    the TMA kernel's and the dp4a GEMV's configs too. The first config is what runs untuned."""
     base = _tile_configs(m, n, k, group_size, sms)
     if w8_gemv:  # W8A8 on a GPU: the TMA kernel and the dp4a GEMV (ops/w8a8_gemv.py) after the measured configs
         from .w8a8_gemv import gemv8_configs
