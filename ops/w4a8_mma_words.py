@@ -167,7 +167,9 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
 # (weight rows BLOCK_N, warps, stages). sm_90 SASS of the loop (triton 3.6, 16 tokens; `qfuse bench
 # sass w4a8_mma_words`), instructions per weight byte, per-channel / group 128: 128 rows / 4 warps
 # 3.03 / 3.44, 128 / 8 warps 3.59 / 4.38, 64 / 4 warps 3.72 / 4.47 (the tile kernel of
-# ops/int8_gemm_kernels.py: 5.7-6.7 / 6.5-8.4 with GS_PARTIAL); no layout shuffle on either operand
+# ops/int8_gemm_kernels.py: 5.7-6.7 / 6.5-8.4 with GS_PARTIAL). No shuffle on the weight side; the
+# activation permutation costs 4 PRMT + 4 STS per iteration at 16 tokens, 16 + 16 at 64 (compiled
+# without it, the tile goes by cp.async straight to shared memory and the loop has none)
 _TILES = ((128, 4, 4), (128, 8, 4), (64, 4, 4), (128, 4, 6), (64, 4, 6), (256, 8, 3))
 
 
