@@ -78,33 +78,30 @@ def _scaled_codes_minus_8(p, g, c, HIGH: tl.constexpr, ASM: tl.constexpr):
         return (_codes_minus_8(p, HIGH, False).to(tl.int32) * g).to(tl.int8)  # |(u - 8) g| <= 128: exact
 
 
-@triton.jit(do_not_specialize=["M"])
-def _w4a8_mma_words_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
-    M, N, K, KB, G, B_PER_SPLIT,
-    GROUPED: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GROUP_N: tl.constexpr, GS_FOLD: tl.constexpr,
-    ASM: tl.constexpr,
-):  # fmt: skip
-    BLOCK_K: tl.constexpr = 128
-    pid_k = tl.program_id(1)
-    split_k = tl.num_programs(1)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_n, pid_m = tile_of(tl.program_id(0), num_pid_n, tl.cdiv(M, BLOCK_M), GROUP_N)
+@triton.jit
+def _tile_rows(pid_n, pid_m, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Weight rows and tokens of tile (pid_n, pid_m): offsets, in-bounds masks, and the rows
+    clamped into bounds (the loads stay unmasked; the stores are masked)."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
-    rows_n = tl.where(mask_n, offs_n, 0)  # clamped rows keep the loads in bounds; stores are masked
-    rows_m = tl.where(mask_m, offs_m, 0)
-    b_start = pid_k * B_PER_SPLIT  # packed bytes: K // 2 per row
-    # KB (= K // 2) and B_PER_SPLIT are multiples of 64 on every supported shape: 16-byte loads
+    return offs_n, offs_m, mask_n, mask_m, tl.where(mask_n, offs_n, 0), tl.where(mask_m, offs_m, 0)
+
+
+@triton.jit
+def _tile_dot(x_ptr, w_ptr, gs_ptr, rows_m, rows_n, K, KB, G, b_start, n_tiles,
+              GROUPED: tl.constexpr, GS_FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):
+    """Exact int32 ``acc^T[BLOCK_N, BLOCK_M]`` over ``n_tiles`` 128-code tiles of K from packed byte
+    ``b_start`` of each row (``K // 2`` bytes a row)."""
+    BLOCK_K: tl.constexpr = 128
+    # KB (= K // 2) and b_start are multiples of 64 on every supported shape: 16-byte loads
     w_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * KB + (b_start + tl.arange(0, BLOCK_K // 2))[None, :]
     x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * K + (2 * b_start + tl.arange(0, BLOCK_K))[None, :]
     if GROUPED:
         gs_rows = gs_ptr + rows_n.to(tl.int64) * G + b_start // 64
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
-    for it in range(0, B_PER_SPLIT // 64):
+    for it in range(0, n_tiles):
         p = tl.load(w_ptrs, eviction_policy="evict_first")  # [BLOCK_N, 64]: byte 16c + 4q + b of the tile
         p = tl.reshape(p, (BLOCK_N, 4, 4, 4))  # [n, c, q, b]
         if GROUPED and GS_FOLD:  # the tile is one group: its scale into the int8 operand
@@ -123,10 +120,65 @@ def _w4a8_mma_words_kernel(
             acc = tl.dot(a, tl.trans(xt), acc, out_dtype=tl.int32)
         w_ptrs += BLOCK_K // 2
         x_ptrs += BLOCK_K
+    return acc
 
+
+@triton.jit(do_not_specialize=["M"])
+def _w4a8_mma_words_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
+    M, N, K, KB, G, B_PER_SPLIT,
+    GROUPED: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GROUP_N: tl.constexpr, GS_FOLD: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    pid_k = tl.program_id(1)
+    split_k = tl.num_programs(1)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_n, pid_m = tile_of(tl.program_id(0), num_pid_n, tl.cdiv(M, BLOCK_M), GROUP_N)
+    offs_n, offs_m, mask_n, mask_m, rows_n, rows_m = _tile_rows(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
+    acc = _tile_dot(x_ptr, w_ptr, gs_ptr, rows_m, rows_n, K, KB, G, pid_k * B_PER_SPLIT, B_PER_SPLIT // 64,
+                    GROUPED, GS_FOLD, BLOCK_M, BLOCK_N, ASM)
     mask = mask_n[:, None] & mask_m[None, :]
     finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
                 rows_m, rows_n, mask, N, split_k, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _w4a8_mma_words_stream_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
+    M, N, K, KB, G, KT, UNITS,
+    GROUPED: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr, GS_FOLD: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """Stream-K: the ``UNITS = tiles * KT`` (tile, 128-code K tile) units in tile-major order, split
+    evenly over the grid's P programs, program p taking ``[p * UNITS // P, (p + 1) * UNITS // P)``;
+    a tile whose units span several programs is finished by the last of them to arrive (its
+    contributor count follows from the same formula), so every SM gets the same work whatever
+    the tile count (224 tiles of 128 rows on 132 SMs: 1.7 each)."""
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+    u = (pid.to(tl.int64) * UNITS // num_progs).to(tl.int32)
+    u_end = ((pid + 1).to(tl.int64) * UNITS // num_progs).to(tl.int32)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    while u < u_end:
+        tile = u // KT
+        kt0 = u - tile * KT
+        n_kt = tl.minimum(KT - kt0, u_end - u)
+        pid_n, pid_m = tile_of(tile, num_pid_n, tl.cdiv(M, BLOCK_M), GROUP_N)
+        offs_n, offs_m, mask_n, mask_m, rows_n, rows_m = _tile_rows(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
+        acc = _tile_dot(x_ptr, w_ptr, gs_ptr, rows_m, rows_n, K, KB, G, kt0 * 64, n_kt, GROUPED, GS_FOLD, BLOCK_M, BLOCK_N, ASM)
+        # programs covering the tile's first and last unit: unit v lies in program ((v + 1) * P - 1) // UNITS
+        first = ((tile.to(tl.int64) * KT + 1) * num_progs - 1) // UNITS
+        last = ((tile.to(tl.int64) * KT + KT) * num_progs - 1) // UNITS
+        contributors = (last - first + 1).to(tl.int32)
+        mask = mask_n[:, None] & mask_m[None, :]
+        if contributors == 1:
+            finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
+                        rows_m, rows_n, mask, N, 1, False, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        else:
+            finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
+                        rows_m, rows_n, mask, N, contributors, True, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        u += n_kt
 
 
 def mma_words_supported(k: int, split_k: int = 1) -> bool:
@@ -143,7 +195,9 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0 or n == 0:
         return out
-    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
+    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config.get("SPLIT_K", 1)
+    if config.get("STREAM"):
+        return _run_stream(xq, x_scale, qweight, w_scale, group_scale, bias, out, config)
     if not mma_words_supported(k, split):
         raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0, whole tiles per split)")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
@@ -176,7 +230,8 @@ _TILES = ((128, 4, 4), (128, 8, 4), (64, 4, 4), (128, 4, 6), (64, 4, 6), (256, 8
 def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) -> list[dict]:
     """Candidates for M <= 64: BLOCK_M = 16-64 tokens (the MMA's N side; Triton's dot needs >= 16),
     each tile with the split-K factors of :func:`split_k_choices` that divide K's 128-code tiles;
-    group 128: each also with ``GS_FOLD``.
+    up to M = 16 also the stream-K form (``STREAM``: programs per SM); group 128: each also with
+    ``GS_FOLD``.
     The first is the heuristic pick (what runs untuned): 128 rows / 8 warps up to M = 8, else
     64 rows / 4 warps (4 stages), split to about two programs per SM: the tiles the H200 tune
     picked most often (BENCHMARKS.md, ninth session: of the 14 keys at M = 1-4 it won, 12 with
@@ -197,6 +252,37 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     first = min(tile, key=lambda c: max(programs * c["SPLIT_K"], 2 * sms) / min(programs * c["SPLIT_K"], 2 * sms))
     out = [first] + [c for c in out if c is not first]
+    if m_bucket(m) <= 16:  # stream-K: every SM the same share of (tile, K tile) units, 1 or 2 programs per SM
+        out += [{"KERNEL": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "STREAM": per_sm, "GROUP_N": 8, "num_warps": warps, "num_stages": 4}
+                for bn, warps in ((128, 8), (128, 4), (64, 4)) for per_sm in (1, 2)]
     if group_size == 128:  # group 128 also with the scale folded into the int8 operand
         out += [dict(c, GS_FOLD=1) for c in out]
+    return out
+
+
+def _run_stream(xq, x_scale, qweight, w_scale, group_scale, bias, out, config: dict):
+    """The stream-K form: ``config["STREAM"]`` programs per SM (``config["SMS"]`` SMs, the
+    launcher's device count when absent), each an equal share of the (tile, K tile) units."""
+    from ._autotune import sm_count
+
+    m, k = xq.shape
+    n = qweight.shape[0]
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    if not mma_words_supported(k):
+        raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0)")
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    units = tiles * (k // 128)
+    sms = config.get("SMS") or (sm_count(xq.device) if xq.is_cuda else 4)
+    programs = max(1, min(units, config["STREAM"] * sms))
+    buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
+    _w4a8_mma_words_stream_kernel[(programs,)](
+        xq.contiguous(), x_scale.reshape(-1).contiguous(), qweight, w_scale,
+        group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,
+        out, buf[: m * n], buf[m * n:],
+        m, n, k, k // 2, k // 128, k // 128, units,
+        GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
+        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, GROUP_N=config.get("GROUP_N", 8),
+        GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4),
+        num_stages=config.get("num_stages", 4), enable_fp_fusion=False,
+    )  # fmt: skip
     return out

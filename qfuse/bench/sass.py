@@ -67,13 +67,17 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
                "M": "i32", "N": "i32", "KW4": "i32", "W_PER_SPLIT": "i32", "G": "i32"}
         consts = dict(GROUPED=group == 128)
     elif kernel == "w4a8_mma_words":
-        from qfuse.ops.w4a8_mma_words import _w4a8_mma_words_kernel as fn
+        from qfuse.ops.w4a8_mma_words import _w4a8_mma_words_kernel, _w4a8_mma_words_stream_kernel
 
+        stream = bool(cfg.get("STREAM"))
+        fn = _w4a8_mma_words_stream_kernel if stream else _w4a8_mma_words_kernel
         sig = {"x_ptr": "*i8", "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp32", "gs_ptr": "*i8", "bias_ptr": f"*{dtype}",
                "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32",
-               "G": "i32", "B_PER_SPLIT": "i32"}
+               "G": "i32", **({"KT": "i32", "UNITS": "i32"} if stream else {"B_PER_SPLIT": "i32"})}
         consts = dict(GROUPED=group == 128, X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"],
-                      BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg.get("SPLIT_K", 1) > 1, GROUP_N=8, GS_FOLD=bool(cfg.get("GS_FOLD", 0)), ASM=True)
+                      BLOCK_N=cfg["BLOCK_N"], GROUP_N=8, GS_FOLD=bool(cfg.get("GS_FOLD", 0)), ASM=True)
+        if not stream:
+            consts["SPLIT"] = cfg.get("SPLIT_K", 1) > 1
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     elif kernel == "w8a8_gemv":
         from qfuse.ops.w8a8_gemv import _w8a8_gemv_kernel as fn
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     # what a launch on the usual shapes specializes: pointers, and integers that are multiples of
     # 16 (N, K, strides, ...) unless the kernel opts out (do_not_specialize); M, split counts and
     # masks typically are not
-    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK"} | {q.name for q in fn.params if q.do_not_specialize}
+    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK", "UNITS"} | {q.name for q in fn.params if q.do_not_specialize}
     aligned = [i for i, name in enumerate(sig) if name not in unaligned]
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})

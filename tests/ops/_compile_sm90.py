@@ -61,10 +61,10 @@ def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_p
     return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], 8, 4)
 
 
-def compile_w4a8_mma_words(group: int, split: bool, tokens: int, rows: int, warps: int, fold: bool = False) -> str:
-    """ops/w4a8_mma_words.py's kernel; its PTX."""
+def compile_w4a8_mma_words(group: int, split: bool, tokens: int, rows: int, warps: int, fold: bool = False, stream: bool = False) -> str:
+    """ops/w4a8_mma_words.py's kernel (with ``stream`` its stream-K form); its PTX."""
     fn, sig, consts, _ = kernel_spec("w4a8_mma_words", 4, group, False, "bf16", {"BLOCK_M": tokens, "BLOCK_N": rows, "SPLIT_K": 2 if split else 1,
-                                                                               "GS_FOLD": fold})
+                                                                               "GS_FOLD": fold, "STREAM": int(stream)})
     return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], warps, 4)
 
 
@@ -80,9 +80,10 @@ if __name__ == "__main__":
             ptx = compile_mma_words(dtype, int(group), zeros == "1", scale_w == "1", pairs == ["1"])
             print("compiled", case, "waits", _waits(ptx), flush=True)
             continue
-        if case.startswith("w4a8mw,"):  # w4a8mw,group,split,tokens,rows,warps[,gs_fold]: prints the int8 wgmma shapes used
-            _, group, split, tokens, rows, warps, *fold = case.split(",")
-            ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps), fold == ["1"])
+        if case.startswith("w4a8mw,"):  # w4a8mw,group,split,tokens,rows,warps[,gs_fold[,stream]]: prints the int8 wgmma shapes used
+            _, group, split, tokens, rows, warps, *flags = case.split(",")
+            flags += ["0"] * (2 - len(flags))
+            ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps), flags[0] == "1", flags[1] == "1")
             print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
             continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]

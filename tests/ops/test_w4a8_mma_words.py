@@ -43,6 +43,19 @@ def test_interpreter_matches_reference(m, form, split_k):
     fake_quant_check(out, *args, group_size)
 
 
+@pytest.mark.parametrize("case", range(5))
+def test_interpreter_stream_k(case):
+    """Stream-K: programs that share a tile (first, middle and last shares, tiles split 1-3 ways,
+    programs spanning a tile boundary, more programs than units) add up to the reference bits."""
+    m, n, k, group_size, per_sm, sms = [(1, 72, 384, -1, 1, 5), (3, 96, 512, 128, 2, 7), (17, 64, 256, 128, 1, 3),
+                                        (2, 40, 1024, -1, 3, 11), (1, 32, 128, -1, 1, 9)][case]
+    args = make_w4a8(m, n, k, group_size, per_token=case != 1, bias=case % 2 == 0)
+    ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
+    for fold in (0, 1) if group_size == 128 else (0,):
+        cfg = {"KERNEL": "mma_words", "BLOCK_M": 32 if m > 16 else 16, "BLOCK_N": 16 if case == 3 else 32, "STREAM": per_sm, "SMS": sms, "GS_FOLD": fold}
+        assert_bitwise(run_w4a8_mma_words(*args, torch.bfloat16, config=cfg), ref)
+
+
 def test_interpreter_accumulator_at_its_bound():
     """q = -8 (u = 0) times group scale 16 against xq = -128 in every slot: |acc| = K * 2**14,
     the op's bound, through the per-tile group-scale multiply."""
@@ -73,7 +86,8 @@ def test_candidates_for_decode_only():
         assert cfgs == mma_words_configs(m, 4096, 14336, 132, 128) and cfgs
         assert sum(c.get("GS_FOLD", 0) for c in cfgs) * 2 == len(cfgs)  # each tile with and without the folded scale
         assert not any(c.get("GS_FOLD") for c in mma_words_configs(m, 4096, 14336, 132, -1))
-        assert all(mma_words_supported(14336, c["SPLIT_K"]) and c["BLOCK_M"] == max(16, m) for c in cfgs)
+        assert all(mma_words_supported(14336, c.get("SPLIT_K", 1)) and c["BLOCK_M"] == max(16, m) for c in cfgs)
+        assert any(c.get("STREAM") for c in cfgs) == (m <= 16)
     assert mma_words_configs(128, 4096, 4096, 132) == [] and mma_words_configs(16, 4096, 4104, 132) == []
     assert not any(c.get("KERNEL") == "mma_words" for c in candidate_configs(16, 4096, 4096, 128, 132))  # no PTX: the interpreter
 
@@ -82,9 +96,10 @@ def test_compiles_to_int8_wgmma_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton, and the MMA is the int8
     wgmma with the tokens as its N side (not a fallback to mma.sync)."""
     cases = ["w4a8mw,-1,0,16,128,4", "w4a8mw,128,1,16,128,8", "w4a8mw,128,0,32,64,4", "w4a8mw,-1,1,64,256,8",
-             "w4a8mw,128,1,16,64,4,1", "w4a8mw,128,0,64,128,8,1"]  # GS_FOLD
+             "w4a8mw,128,1,16,64,4,1", "w4a8mw,128,0,64,128,8,1",  # GS_FOLD
+             "w4a8mw,-1,0,16,128,8,0,1", "w4a8mw,128,0,16,64,4,1,1"]  # stream-K
     out = run_sm90_script("_compile_sm90.py", cases)
-    for case, n in zip(cases, (16, 16, 32, 64, 16, 64)):
+    for case, n in zip(cases, (16, 16, 32, 64, 16, 64, 16, 16)):
         assert f"compiled {case} mma m64n{n}k32.s32.s8.s8" in out
 
 
