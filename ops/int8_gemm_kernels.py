@@ -490,8 +490,11 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
 
 def is_experimental(config: dict) -> bool:
     """Families kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the W8A8 dp4a GEMV, correct on
-    the H200 grid but slower there than the tile kernel at every measured point."""
-    return config.get("KERNEL") == "gemv8"
+    the H200 grid but slower there than the tile kernel at every measured point; the stream-K
+    form of W4A8 ``mma_words`` (``STREAM``), bit-exact on the H200 but slower than its split-K
+    grid (W4A8 per-channel M = 1: 25.7 against 24.0 us on 28672x4096, 16.0 against 13.6 on
+    4096x14336 at the best of 1-8 programs per SM; ninth session)."""
+    return config.get("KERNEL") == "gemv8" or bool(config.get("STREAM"))
 
 
 # Decode buckets up to here take the eager pick outside CUDA-graph capture (see int8_gemm).

@@ -154,7 +154,10 @@ def _w4a8_mma_words_stream_kernel(
     evenly over the grid's P programs, program p taking ``[p * UNITS // P, (p + 1) * UNITS // P)``;
     a tile whose units span several programs is finished by the last of them to arrive (its
     contributor count follows from the same formula), so every SM gets the same work whatever
-    the tile count (224 tiles of 128 rows on 132 SMs: 1.7 each)."""
+    the tile count (224 tiles of 128 rows on 132 SMs: 1.7 each). Opt-in: bit-exact on the H200
+    but slower than the split-K grid at M = 1 (28672x4096: 25.7 against 24.0 us, 4096x14336:
+    16.0 against 13.6, best of 1-8 programs per SM; ninth session), so the tile-count imbalance
+    is not what limits the split-K grid there."""
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
     u = (pid.to(tl.int64) * UNITS // num_progs).to(tl.int32)
@@ -252,7 +255,7 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     first = min(tile, key=lambda c: max(programs * c["SPLIT_K"], 2 * sms) / min(programs * c["SPLIT_K"], 2 * sms))
     out = [first] + [c for c in out if c is not first]
-    if m_bucket(m) <= 16:  # stream-K: every SM the same share of (tile, K tile) units, 1 or 2 programs per SM
+    if m_bucket(m) <= 16:  # stream-K, opt-in (int8_gemm_kernels.is_experimental: slower on the H200), 1 or 2 programs per SM
         out += [{"KERNEL": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "STREAM": per_sm, "GROUP_N": 8, "num_warps": warps, "num_stages": 4}
                 for bn, warps in ((128, 8), (128, 4), (64, 4)) for per_sm in (1, 2)]
     if group_size == 128:  # group 128 also with the scale folded into the int8 operand

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from qfuse.ops.int4_packing import pack_int4
-from qfuse.ops.int8_gemm_kernels import candidate_configs
+from qfuse.ops.int8_gemm_kernels import candidate_configs, is_experimental
 from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
 from qfuse.ops.w4a8_mma_words import mma_words_configs, mma_words_supported, run_w4a8_mma_words
 from tests.ops._sm90_scripts import run_sm90_script
@@ -88,6 +88,7 @@ def test_candidates_for_decode_only():
         assert not any(c.get("GS_FOLD") for c in mma_words_configs(m, 4096, 14336, 132, -1))
         assert all(mma_words_supported(14336, c.get("SPLIT_K", 1)) and c["BLOCK_M"] == max(16, m) for c in cfgs)
         assert any(c.get("STREAM") for c in cfgs) == (m <= 16)
+        assert all(is_experimental(c) == bool(c.get("STREAM")) for c in cfgs)  # stream-K: opt-in (slower on the H200)
     assert mma_words_configs(128, 4096, 4096, 132) == [] and mma_words_configs(16, 4096, 4104, 132) == []
     assert not any(c.get("KERNEL") == "mma_words" for c in candidate_configs(16, 4096, 4096, 128, 132))  # no PTX: the interpreter
 
