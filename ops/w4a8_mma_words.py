@@ -32,12 +32,15 @@ int8 ops)::
 
     acc[n, m] += sum_k' (u - 8)[n, k'] * x[m, k']                         per-channel
     acc[n, m] += (sum_k' (u - 8)[n, k'] * x[m, k']) * group_scale[n, g]   group 128 (one group a tile)
+    acc[n, m] += sum_k' w_int[n, k'] * x[m, k']                            group 128, GS_FOLD
 
-all exact int32 (|acc| <= K * 2**14, the op's bound). One program: a ``[BLOCK_N, BLOCK_M]``
-tile of ``out^T`` (weight rows on the MMA's 64-row M side, the few tokens on its N side) over
-a ``1 / SPLIT_K`` slice of K; split-K adds exact int32 partials into the persistent zeroed
-workspace and the last split runs the float epilogue (ops/int8_gemm_kernels.py), so the output
-is bit-identical to the reference. Needs K % 128 == 0.
+(``w_int = (u - 8) * group_scale``, exact in int8), all exact int32 (|acc| <= K * 2**14, the
+op's bound). One program: a ``[BLOCK_N, BLOCK_M]`` tile of ``out^T`` (weight rows on the MMA's
+64-row M side, the few tokens on its N side) over a ``1 / SPLIT_K`` slice of K; split-K adds
+exact int32 partials into the persistent zeroed workspace and the last split runs the float
+epilogue (ops/int8_gemm_kernels.py), so the output is bit-identical to the reference. The
+opt-in stream-K form (``STREAM``) splits the (tile, K tile) units evenly over the grid instead.
+Needs K % 128 == 0.
 """
 
 from __future__ import annotations
