@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._autotune import m_bucket, sm_count, split_k_choices
 from ._zeroed_workspace import zeroed_int32
 from .int8_gemm_kernels import _nibbles_minus_8, _scaled_nibbles, finish_tile, tile_of
 
@@ -192,35 +193,51 @@ def mma_words_supported(k: int, split_k: int = 1) -> bool:
     return k % 128 == 0 and (k // 128) % split_k == 0
 
 
+def _operands(xq, x_scale, qweight, w_scale, group_scale, bias) -> tuple:
+    """Both kernels' leading tensor arguments (``w_scale`` as the unread placeholder of an absent
+    ``group_scale`` / ``bias``)."""
+    return (xq.contiguous(), x_scale.reshape(-1).contiguous(), qweight, w_scale,
+            group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale)
+
+
+def _options(xq, x_scale, w_scale, group_scale, bias, config: dict) -> dict:
+    """Both kernels' constexprs and launch options for ``config``."""
+    return dict(GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
+                HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], GROUP_N=config.get("GROUP_N", 8),
+                GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4),
+                num_stages=config.get("num_stages", 4), enable_fp_fusion=False)
+
+
 def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
-    """Launch with ``config`` = {KERNEL: "mma_words", BLOCK_M, BLOCK_N, SPLIT_K, GROUP_N, num_warps,
-    num_stages, GS_FOLD (group 128: the scale in the int8 operand, not on the tile's partial)};
-    arguments already checked by the op. Returns [M, N]."""
+    """Launch with ``config`` = {KERNEL: "mma_words", BLOCK_M, BLOCK_N, SPLIT_K or STREAM (stream-K:
+    programs per SM, on ``SMS`` SMs when given), GROUP_N, num_warps, num_stages, GS_FOLD (group 128:
+    the scale in the int8 operand, not on the tile's partial)}; arguments already checked by the op.
+    Returns [M, N]."""
     m, k = xq.shape
     n = qweight.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0 or n == 0:
         return out
-    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config.get("SPLIT_K", 1)
-    if config.get("STREAM"):
-        return _run_stream(xq, x_scale, qweight, w_scale, group_scale, bias, out, config)
+    split = config.get("SPLIT_K", 1)
     if not mma_words_supported(k, split):
         raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0, whole tiles per split)")
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    operands = _operands(xq, x_scale, qweight, w_scale, group_scale, bias)
+    options = _options(xq, x_scale, w_scale, group_scale, bias, config)
+    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+    if config.get("STREAM"):
+        units = tiles * (k // 128)
+        sms = config.get("SMS") or (sm_count(xq.device) if xq.is_cuda else 4)
+        buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
+        _w4a8_mma_words_stream_kernel[(max(1, min(units, config["STREAM"] * sms)),)](
+            *operands, out, buf[: m * n], buf[m * n:], m, n, k, k // 2, k // 128, k // 128, units, **options)
+        return out
     if split > 1:
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
         acc_ws, counts = buf[: m * n], buf[m * n:]
     else:
         acc_ws = counts = out  # never touched without split-K
     _w4a8_mma_words_kernel[(tiles, split)](
-        xq.contiguous(), x_scale.reshape(-1).contiguous(), qweight, w_scale,
-        group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,
-        out, acc_ws, counts,
-        m, n, k, k // 2, k // 128, k // 2 // split,
-        GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split > 1, GROUP_N=config.get("GROUP_N", 8),
-        GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 4), enable_fp_fusion=False,
-    )  # fmt: skip
+        *operands, out, acc_ws, counts, m, n, k, k // 2, k // 128, k // 2 // split, SPLIT=split > 1, **options)
     return out
 
 
@@ -242,8 +259,6 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     64 rows / 4 warps (4 stages), split to about two programs per SM: the tiles the H200 tune
     picked most often (BENCHMARKS.md, ninth session: of the 14 keys at M = 1-4 it won, 12 with
     128 rows / 8 warps; of the 19 at M = 16-64, 17 with 64 rows / 4 warps, 4 or 6 stages)."""
-    from ._autotune import m_bucket, split_k_choices
-
     if m > 64 or not mma_words_supported(k):
         return []
     bm = max(16, min(64, m_bucket(m)))
@@ -263,32 +278,4 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
                 for bn, warps in ((128, 8), (128, 4), (64, 4)) for per_sm in (1, 2)]
     if group_size == 128:  # group 128 also with the scale folded into the int8 operand
         out += [dict(c, GS_FOLD=1) for c in out]
-    return out
-
-
-def _run_stream(xq, x_scale, qweight, w_scale, group_scale, bias, out, config: dict):
-    """The stream-K form: ``config["STREAM"]`` programs per SM (``config["SMS"]`` SMs, the
-    launcher's device count when absent), each an equal share of the (tile, K tile) units."""
-    from ._autotune import sm_count
-
-    m, k = xq.shape
-    n = qweight.shape[0]
-    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-    if not mma_words_supported(k):
-        raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0)")
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    units = tiles * (k // 128)
-    sms = config.get("SMS") or (sm_count(xq.device) if xq.is_cuda else 4)
-    programs = max(1, min(units, config["STREAM"] * sms))
-    buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
-    _w4a8_mma_words_stream_kernel[(programs,)](
-        xq.contiguous(), x_scale.reshape(-1).contiguous(), qweight, w_scale,
-        group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,
-        out, buf[: m * n], buf[m * n:],
-        m, n, k, k // 2, k // 128, k // 128, units,
-        GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, GROUP_N=config.get("GROUP_N", 8),
-        GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4),
-        num_stages=config.get("num_stages", 4), enable_fp_fusion=False,
-    )  # fmt: skip
     return out

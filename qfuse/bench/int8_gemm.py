@@ -210,9 +210,8 @@ def config_label(cfg: dict) -> str:
     if cfg.get("KERNEL") in ("gemv", "gemv8"):
         return "{KERNEL}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
             "/pf" if cfg.get("PREFETCH") else "")
-    label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K}/s{SPLIT_K}/w{num_warps}/st{num_stages}".format(**{"BLOCK_K": 128, "SPLIT_K": 1, **cfg})
-    if cfg.get("STREAM"):
-        label = label.replace("/s1/", f"/streamk{cfg['STREAM']}/")
+    split = f"streamk{cfg['STREAM']}" if cfg.get("STREAM") else f"s{cfg.get('SPLIT_K', 1)}"
+    label = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg.get('BLOCK_K', 128)}/{split}/w{cfg['num_warps']}/st{cfg['num_stages']}"
     if cfg.get("PERSISTENT"):
         label += f"/p{cfg['PERSISTENT']}"
     fam = config_family(cfg)
