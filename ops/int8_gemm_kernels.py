@@ -331,7 +331,8 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
                       w8_gemv: bool = False) -> list[dict]:
     """Every config of :func:`_tile_configs`, and with ``w4_asm`` (W4A8 on a GPU) each also with
     the inline-PTX nibble unpack (which the Triton interpreter cannot run) and the other W4A8
-    kernels, the heuristic ``mma_words`` config first at M <= 64; with ``w8_gemv`` (W8A8 on a GPU)
+    kernels, the heuristic first: the dp4a GEMV's first lane tile at M <= 2, ``mma_words`` up to
+    M = 64; with ``w8_gemv`` (W8A8 on a GPU)
     the TMA kernel's and the dp4a GEMV's configs too. The first config is what runs untuned."""
     base = _tile_configs(m, n, k, group_size, sms)
     if w8_gemv:  # W8A8 on a GPU: the TMA kernel and the dp4a GEMV (ops/w8a8_gemv.py) after the measured configs
@@ -353,7 +354,10 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     # offered (the heuristic, untuned pick): on the H200 it won 33 of the 40 keys at M = 1-64
     # (BENCHMARKS.md, ninth session), and the tile kernel below otherwise
     words = mma_words_configs(m, n, k, sms, group_size)
-    return words[:1] + base + asm + partial + gemv_configs(m, n, k, group_size, sms, asm=True) + words[1:] + tma + w8
+    gemv = gemv_configs(m, n, k, group_size, sms, asm=True)
+    if m <= 2 and gemv:  # 1-2 tokens: the GEMV's lane tiles first (on the H200 1.1-1.5x faster than mma_words at M = 1)
+        return gemv[:1] + words + base + asm + partial + gemv[1:] + tma + w8
+    return words[:1] + base + asm + partial + gemv + words[1:] + tma + w8
 
 
 def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict]:

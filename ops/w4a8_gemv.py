@@ -21,17 +21,20 @@ issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never un
   codes (times the token count for the IDP4As). ``t_hi`` is 16x its dot product, so
   ``t_hi >> 4`` is exact.
 * The codes are ``u``, the weights ``u - 8``: ``cx = -8 * sum x`` per column, by
-  ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, again per column;
-  per-channel adds it once at the end (a per-column running sum), group 128 per tile.
+  ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, once per column
+  and token for all the thread's rows: it is where each row's ``t_lo`` starts. (A separate
+  per-column running sum for per-channel, added once at the end, put 4 more shared-memory
+  layout conversions and barriers in the loop: 6 against 2 at 4 rows x 32 columns; ninth
+  session, 24-30 % slower there on the H200.)
 * A tile covers 4 consecutive words (32 codes) of BLOCK_W columns per row (16-byte loads); a
   column lies in one group of 128 codes, so with group 128 each column's exact int32 partial
   is multiplied by its integer group scale (``acc += (t_lo + (t_hi >> 4) + cx) * gs``, gs per
   row and column; a tile of more than 16 words spans several groups): grouped costs one IMAD
   per row and column more than per-channel, not one multiply per weight.
 
-Every partial is an exact integer in int32: per tile lane |t_lo| <= 16 * 15 * 128 and
-|t_hi| <= 16 * 240 * 128; per-channel running sums are bounded by 1920 * K (sum u * x) and
-1024 * K (sum 8 * x), group 128 by the op's |acc| <= K * 2**14, all < 2**31 for K <= MAX_K.
+Every partial is an exact integer in int32: per tile lane |t_lo| <= 16 * 15 * 128 + 32 * 8 * 128
+and |t_hi| <= 16 * 240 * 128; a per-channel lane sums ``(u - 8) * x`` over its codes, |.| <=
+1024 * K, group 128 is bounded by the op's |acc| <= K * 2**14, all < 2**31 for K <= MAX_K.
 Split-K adds exact int32 partials (atomics, any order) into a persistent zeroed workspace and
 the last split re-zeroes it and runs the float epilogue, as the tensor-core kernel, so the
 output is bit-identical to the reference.
@@ -105,15 +108,14 @@ def _split4(t):
 
 @triton.jit
 def _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM: tl.constexpr):
-    """One token over the tile: (``sum_k u * x[k]`` per row and column [BLOCK_N, BLOCK_W],
-    ``-8 * sum_k x[k]`` per column [BLOCK_W]), both exact int32."""
+    """One token over the tile: ``sum_k (u - 8) * x[k]`` per row and column [BLOCK_N, BLOCK_W], exact int32."""
     xw = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_W, 8] activation words of the column's 4 weight words
     xa, xb = tl.split(xw.reshape(xw.shape[0], 4, 2))  # [BLOCK_W, 4]: x[8w .. 8w+3], x[8w+4 .. 8w+7]
     xe, xo = _even_odd_bytes(xa, xb, ASM)
     xe0, xe1, xe2, xe3 = _split4(xe)
     xo0, xo1, xo2, xo3 = _split4(xo)
     minus8 = tl.full(xe0.shape, _MINUS_8, tl.int32)
-    cx = _dp4a_s(minus8, xe0, tl.zeros_like(xe0), ASM)  # per column: shared by every row of the thread
+    cx = _dp4a_s(minus8, xe0, tl.zeros_like(xe0), ASM)  # -8 * sum x per column: shared by every row of the thread
     cx = _dp4a_s(minus8, xe1, cx, ASM)
     cx = _dp4a_s(minus8, xe2, cx, ASM)
     cx = _dp4a_s(minus8, xe3, cx, ASM)
@@ -121,7 +123,7 @@ def _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM: tl.const
     cx = _dp4a_s(minus8, xo1, cx, ASM)
     cx = _dp4a_s(minus8, xo2, cx, ASM)
     cx = _dp4a_s(minus8, xo3, cx, ASM)
-    t_lo = _dp4a_u(lo0, xe0[None, :], tl.zeros_like(lo0), ASM)
+    t_lo = _dp4a_u(lo0, xe0[None, :], cx[None, :], ASM)  # the column's -8 * sum x starts every row's sum
     t_lo = _dp4a_u(lo1, xe1[None, :], t_lo, ASM)
     t_lo = _dp4a_u(lo2, xe2[None, :], t_lo, ASM)
     t_lo = _dp4a_u(lo3, xe3[None, :], t_lo, ASM)
@@ -129,27 +131,23 @@ def _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM: tl.const
     t_hi = _dp4a_u(hi1, xo1[None, :], t_hi, ASM)
     t_hi = _dp4a_u(hi2, xo2[None, :], t_hi, ASM)
     t_hi = _dp4a_u(hi3, xo3[None, :], t_hi, ASM)
-    return t_lo + (t_hi >> 4), cx  # t_hi is 16x the odd-k dot product: the shift is exact
+    return t_lo + (t_hi >> 4)  # t_hi is 16x the odd-k dot product: the shift is exact
 
 
 @triton.jit
-def _accumulate(acc, sx, x_ptrs, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED: tl.constexpr, ASM: tl.constexpr):
-    """Add one token's tile to its int32 lanes ``acc`` [BLOCK_N, BLOCK_W] (and, per-channel, its
-    ``-8 * sum x`` to the per-column ``sx`` [BLOCK_W], applied once at the end)."""
-    part, cx = _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM)
+def _accumulate(acc, x_ptrs, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED: tl.constexpr, ASM: tl.constexpr):
+    """Add one token's tile to its int32 lanes ``acc`` [BLOCK_N, BLOCK_W]."""
+    part = _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM)
     if GROUPED:
-        acc += (part + cx[None, :]) * gs  # exact: a column lies in one group, gs an integer
-    else:
-        acc += part
-        sx += cx
-    return acc, sx
+        return acc + part * gs  # exact: a column lies in one group, gs an integer
+    return acc + part
 
 
 @triton.jit
-def _finish(acc, sx, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, offs_n, rn, M, N, split_k,
+def _finish(acc, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, offs_n, rn, M, N, split_k,
             SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Row ``m`` of the output from its int32 lanes: sum, split-K reduction, float epilogue."""
-    res = (tl.sum(acc, axis=1) + tl.sum(sx, axis=0))[:, None]  # [BLOCK_N, 1] exact int32
+    res = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1] exact int32
     offs_m = tl.full((1,), 0, tl.int32) + m
     rows_m = tl.minimum(offs_m, M - 1)
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
@@ -202,10 +200,6 @@ def _w4a8_gemv_kernel(
     acc1 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
-    sx0 = tl.zeros((BLOCK_W,), dtype=tl.int32)
-    sx1 = tl.zeros((BLOCK_W,), dtype=tl.int32)
-    sx2 = tl.zeros((BLOCK_W,), dtype=tl.int32)
-    sx3 = tl.zeros((BLOCK_W,), dtype=tl.int32)
     gs = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.int32)
     # [BLOCK_N, BLOCK_W]: the scale of each row and 4-word column (a column lies in one group;
     # a tile of more than 16 words spans several), in the accumulator's layout: a [BLOCK_N]
@@ -230,26 +224,26 @@ def _w4a8_gemv_kernel(
             gs = tl.load(gs_rows + (w_start + it * (4 * BLOCK_W)) // 16).to(tl.int32)
         lo0, lo1, lo2, lo3 = _split4(words & 0x0F0F0F0F)  # even codes, unsigned bytes
         hi0, hi1, hi2, hi3 = _split4(words & _HI_MASK)  # odd codes x 16, unsigned bytes
-        acc0, sx0 = _accumulate(acc0, sx0, x0, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+        acc0 = _accumulate(acc0, x0, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
         if BLOCK_M > 1:
-            acc1, sx1 = _accumulate(acc1, sx1, x1, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+            acc1 = _accumulate(acc1, x1, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
         if BLOCK_M > 2:
-            acc2, sx2 = _accumulate(acc2, sx2, x2, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
-            acc3, sx3 = _accumulate(acc3, sx3, x3, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+            acc2 = _accumulate(acc2, x2, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
+            acc3 = _accumulate(acc3, x3, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
         x0 += 8 * BLOCK_W
         x1 += 8 * BLOCK_W
         x2 += 8 * BLOCK_W
         x3 += 8 * BLOCK_W
 
-    _finish(acc0, sx0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
+    _finish(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
             SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     if BLOCK_M > 1:
-        _finish(acc1, sx1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
+        _finish(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
                 SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     if BLOCK_M > 2:
-        _finish(acc2, sx2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
+        _finish(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
                 SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-        _finish(acc3, sx3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
+        _finish(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
                 SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
@@ -298,20 +292,26 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
     return out
 
 
-# (BLOCK_N, BLOCK_W, num_warps) per token tile, from the sm_90 SASS of the loop (instructions
-# per weight byte, DP4A_ASM, triton 3.7.1): BLOCK_M = 1: 1.7-2.2 per-channel, 2.0-2.6 group 128;
-# 2: 2.5-2.9 / 3.0-3.4; 4: 4.1-5.0 / 4.7-5.6 (the tile kernel at M <= 16: 5.7-6.7 per-channel,
-# 15-27 group 128, 6.5-8.4 with GS_PARTIAL). BLOCK_W >= 2 keeps a row's bytes per iteration at
-# >= 32 (a whole sector); BLOCK_W = 8 / 16 read 128 / 256 bytes of a row per tile (longer row
-# runs made the W4A16 word GEMV faster on the H200: BENCHMARKS.md, word GEMV tile width).
-_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8), (32, 32, 4), (64, 32, 8)),
-           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4)),
+# (BLOCK_N, BLOCK_W, num_warps) per token tile. First, at 1 and 2 tokens, the tiles of one
+# (row, column) lane per thread: 2-4 rows of 512-1024 bytes, 2-4 warps, N / 2 - N / 4 programs.
+# So many small programs keep the most loads in flight (an SM holds 32 of them): on the H200 at
+# M = 1, 2 x 32 / 2 warps took 28672x4096 from 24.3 to 17.6 us, 4096x14336 from 14.8 (the
+# `mma_words` pick) to 9.7 with 2 x 64 / 4 warps (tenth session, BENCHMARKS.md); a plain read
+# of the same bytes with such tiles was the fastest there too (3.9 TB/s at 58.7 MB).
+# The rest, from the sm_90 SASS of the loop (instructions per weight byte, DP4A_ASM, triton
+# 3.7.1): BLOCK_M = 1: 1.7-2.2 per-channel, 2.0-2.6 group 128; 2: 2.5-2.9 / 3.0-3.4; 4: 4.1-5.0
+# / 4.7-5.6 (the tile kernel at M <= 16: 5.7-6.7 per-channel, 15-27 group 128, 6.5-8.4 with
+# GS_PARTIAL). BLOCK_W >= 2 keeps a row's bytes per iteration at >= 32 (a whole sector).
+_LANE_TILES = ((2, 32, 2), (2, 64, 4), (4, 32, 4), (4, 16, 2), (1, 64, 2))
+_SHAPES = {1: _LANE_TILES + ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8), (32, 32, 4), (64, 32, 8)),
+           2: _LANE_TILES + ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4)),
            4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8))}  # (64, 16, 4) at 4 tokens: 255 registers
 
 
 def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -> list[dict]:
     """GEMV candidates for M <= 8 (token tiles of 1, 2 or 4), each with the split-K factors of
-    :func:`split_k_choices` (1 to ~16 programs per SM; >= 2 tiles per split)."""
+    :func:`split_k_choices` (1 to ~16 programs per SM; >= 2 tiles per split). At M <= 2 the
+    first is the heuristic pick (what runs untuned): the first lane tile K takes."""
     if m > 8:
         return []
     bm = 1 if m == 1 else 2 if m == 2 else 4

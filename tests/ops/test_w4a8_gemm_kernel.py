@@ -19,6 +19,7 @@ from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, r
 from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
 from qfuse.ops.w4a8_gemv import gemv_configs, gemv_supported, run_w4a8_gemv
 from qfuse.ops.w4a8_int8_weight import w4_to_int8
+from qfuse.ops.w4a8_mma_words import mma_words_configs
 
 from .test_w8a8_gemm_kernel import SHAPES, assert_bitwise, kernel_acc
 
@@ -140,6 +141,22 @@ def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dty
     fake_quant_check(out, *args, group_size)
 
 
+@pytest.mark.parametrize("m,tile,group_size,split", [
+    (1, (2, 32, 2), -1, 1),
+    (2, (2, 32, 2), 128, 2),
+    (1, (2, 64, 4), 128, 1),
+    (2, (1, 64, 2), -1, 1),
+    (1, (4, 16, 2), 128, 4),
+])
+def test_gemv_lane_tiles(m, tile, group_size, split):
+    """The one-lane-per-thread tiles (ops/w4a8_gemv.py, _LANE_TILES): rows 1-4 a program, N = 37
+    (the last program's rows past N), 512-1024 bytes of a row per tile."""
+    bn, bw, warps = tile
+    args = make_w4a8(m, 37, 2048, group_size)
+    out = run_w4a8_gemv(*args, torch.bfloat16, config=dict(gemv_cfg(2 if m == 2 else 1, bn, bw, split), num_warps=warps))
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
+
+
 def test_gemv_split_inside_a_group():
     """12 words per split: tiles start mid-group, so each tile must find its own group."""
     xq, xs, qweight, ws, gs, b = make_w4a8(2, 24, 384, 128)
@@ -194,15 +211,17 @@ def test_gemv_rejects_what_it_cannot_tile():
 @pytest.mark.parametrize("group_size", [-1, 128])
 def test_new_candidates_are_extra(group_size):
     """The GEMV / GS_PARTIAL / int8-weight-pass families come after the tile kernel's configs,
-    only where they can run; every GEMV config tiles its K. At M <= 64 the heuristic mma_words
-    config (ops/w4a8_mma_words.py) goes first."""
+    only where they can run; every GEMV config tiles its K. The heuristic goes first: the GEMV's
+    2-row x 32-column lane tile at M <= 2, the mma_words config (ops/w4a8_mma_words.py) to M = 64."""
     for m in (1, 2, 4, 8, 16, 64, 128):
         for n, k in SHAPES:
             old = candidate_configs(m, n, k, group_size, 132)
             new = candidate_configs(m, n, k, group_size, 132, w4_asm=True)
-            words_first = new[0].get("KERNEL") == "mma_words"
-            assert words_first == (m <= 64)
-            assert new[words_first: words_first + len(old)] == old
+            assert new[0].get("KERNEL") == ("gemv" if m <= 2 else "mma_words" if m <= 64 else None)
+            if m <= 2:
+                assert (new[0]["BLOCK_N"], new[0]["BLOCK_W"], new[0]["num_warps"]) == (2, 32, 2)
+            start = new.index(old[0])
+            assert start <= 1 + len(mma_words_configs(m, n, k, 132, group_size)) and new[start: start + len(old)] == old
             gemv = [c for c in new if c.get("KERNEL") == "gemv"]
             assert bool(gemv) == (m <= 8) and all(gemv_supported(k, group_size, c) for c in gemv)
             assert any(c.get("GS_PARTIAL") for c in new) == (group_size == 128 and m <= 64)
