@@ -89,16 +89,15 @@ def _w8a8_gemv_kernel(
         x2 += 4 * BLOCK_W
         x3 += 4 * BLOCK_W
 
-    no_sx = tl.zeros((BLOCK_W,), dtype=tl.int32)  # _finish's per-column term (the W4 code offset)
-    _finish(acc0, no_sx, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
+    _finish(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
             SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     if BLOCK_M > 1:
-        _finish(acc1, no_sx, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
+        _finish(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
                 SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     if BLOCK_M > 2:
-        _finish(acc2, no_sx, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
+        _finish(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
                 SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-        _finish(acc3, no_sx, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
+        _finish(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
                 SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)  # fmt: skip
 
 
