@@ -85,7 +85,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # shipped 28672x4096 4-bit config at 95 registers, 5 blocks of 4 warps per SM and 0.69
         # issued warps per scheduler cycle (BENCHMARKS.md); `qfuse bench sass` with triton 3.6:
         # maxnreg 80 -> 80 registers, no spills, +2 % loop instructions (6 blocks per SM);
-        # 64 -> 72 B of spills, +8 %. Not yet timed on the GPU.
+        # 64 -> 72 B of spills, +8 %. Timed on the H200 at M = 1 (tenth session run 9): no faster
+        # than without a cap on any of 4 shapes x 2 bit widths (e.g. 4-bit 8192x8192 64 x 32
+        # split 4: 20.9 us with cap 80 against 19.7), so they stay opt-in.
         for bn, bw, warps in shapes[:5]:
             for cap in (80, 64):
                 for sp in (4, 1):
