@@ -297,7 +297,9 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
 # So many small programs keep the most loads in flight (an SM holds 32 of them): on the H200 at
 # M = 1, 2 x 32 / 2 warps took 28672x4096 from 24.3 to 17.6 us, 4096x14336 from 14.8 (the
 # `mma_words` pick) to 9.7 with 2 x 64 / 4 warps (tenth session, BENCHMARKS.md); a plain read
-# of the same bytes with such tiles was the fastest there too (3.9 TB/s at 58.7 MB).
+# of the same bytes with such tiles was the fastest there too (3.9 TB/s at 58.7 MB). Their loop
+# costs more per byte (sm_90 SASS, triton 3.7.1: 4.4-4.6 instructions per weight byte at 2 x 32
+# and 2 x 64, against 1.7-2.6 below), which a memory-bound GEMV has to spare.
 # The rest, from the sm_90 SASS of the loop (instructions per weight byte, DP4A_ASM, triton
 # 3.7.1): BLOCK_M = 1: 1.7-2.2 per-channel, 2.0-2.6 group 128; 2: 2.5-2.9 / 3.0-3.4; 4: 4.1-5.0
 # / 4.7-5.6 (the tile kernel at M <= 16: 5.7-6.7 per-channel, 15-27 group 128, 6.5-8.4 with
