@@ -165,6 +165,24 @@ def _finish(acc, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, offs
                   X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
+@triton.jit
+def finish_tokens(acc0, acc1, acc2, acc3, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k,
+                  BLOCK_M: tl.constexpr, SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
+    """Rows ``m0 .. m0 + BLOCK_M - 1`` (1, 2 or 4 tokens) of the output from their int32 lanes
+    (``acc1..3`` unused below BLOCK_M); ``counters``: the tile's first split-K arrival counter."""
+    _finish(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k,
+            SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    if BLOCK_M > 1:
+        _finish(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 1, offs_n, rn, M, N, split_k,
+                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    if BLOCK_M > 2:
+        _finish(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 2, offs_n, rn, M, N, split_k,
+                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        _finish(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 3, offs_n, rn, M, N, split_k,
+                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _w4a8_gemv_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
@@ -235,16 +253,8 @@ def _w4a8_gemv_kernel(
         x2 += 8 * BLOCK_W
         x3 += 8 * BLOCK_W
 
-    _finish(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
-            SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    if BLOCK_M > 1:
-        _finish(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    if BLOCK_M > 2:
-        _finish(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-        _finish(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    finish_tokens(acc0, acc1, acc2, acc3, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M, offs_n, rn,
+                  M, N, split_k, BLOCK_M, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
 # ---------------------------------------------------------------- launcher

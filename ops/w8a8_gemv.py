@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ._views import aligned_view
 from ._zeroed_workspace import zeroed_int32
-from .w4a8_gemv import _dp4a_s, _finish, _split4
+from .w4a8_gemv import _dp4a_s, _split4, finish_tokens
 
 
 @triton.jit
@@ -89,16 +89,8 @@ def _w8a8_gemv_kernel(
         x2 += 4 * BLOCK_W
         x3 += 4 * BLOCK_W
 
-    _finish(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 0, offs_n, rn, M, N, split_k,
-            SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    if BLOCK_M > 1:
-        _finish(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 1, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    if BLOCK_M > 2:
-        _finish(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 2, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-        _finish(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M + 3, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)  # fmt: skip
+    finish_tokens(acc0, acc1, acc2, acc3, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M, offs_n, rn,
+                  M, N, split_k, BLOCK_M, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)  # fmt: skip
 
 
 def gemv8_supported(k: int, cfg: dict) -> bool:
