@@ -1,8 +1,9 @@
 """What streaming rate a Triton kernel reaches reading a decode weight (int32 words [N, K/8]) once.
-PYTHONPATH=. python3 .scratch/read_bw.py OUTDIR"""
-import csv, os, sys, time
+PYTHONPATH=. python3 docs/bench/session10/read_bw.py OUTDIR"""
+import sys
 import torch, triton, triton.language as tl
-from qfuse.bench.timing import copies_for, time_graph
+from _probe import Probe
+from qfuse.bench.timing import copies_for
 
 @triton.jit
 def read_rows(w_ptr, out_ptr, KW, W_PER_SPLIT, BN: tl.constexpr, BW: tl.constexpr, EV: tl.constexpr):
@@ -25,22 +26,16 @@ def read_flat(w_ptr, out_ptr, CHUNK, BLOCK: tl.constexpr):
         acc ^= tl.load(base + it * BLOCK, eviction_policy="evict_first")
     tl.atomic_xor(out_ptr + tl.program_id(0), tl.sum(acc, axis=0), sem="relaxed")
 
-out_dir = sys.argv[1]; os.makedirs(out_dir, exist_ok=True)
-f = open(os.path.join(out_dir, "read_bw.csv"), "w", newline=""); wr = csv.writer(f)
-t0 = time.time()
-def emit(*r):
-    wr.writerow(r); f.flush(); print(*r, f"[{time.time()-t0:.0f}s]", flush=True)
-def tg(calls):
-    calls[0](); torch.cuda.synchronize(); return round(time_graph(calls, replays=15), 2)
+probe = Probe(sys.argv[1], "read_bw.csv", mode="w")
 
 for n, k in ((28672, 4096), (4096, 14336), (8192, 8192)):
     kw = k // 8
     nbytes = n * k // 2
     ws = [torch.randint(-2**31, 2**31 - 1, (n, kw), dtype=torch.int32, device="cuda") for _ in range(copies_for(nbytes))]
     out = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device="cuda")
-    us = tg([lambda w=w: torch.sum(w.view(torch.float32)) for w in ws]); emit(n, k, "torch.sum fp32", us, round(nbytes / us / 1e6, 2))
+    us = probe.time([lambda w=w: torch.sum(w.view(torch.float32)) for w in ws]); probe.emit(n, k, "torch.sum fp32", us, round(nbytes / us / 1e6, 2))
     dst = torch.empty_like(ws[0])
-    us = tg([lambda w=w: dst.copy_(w) for w in ws]); emit(n, k, "torch copy (r+w)", us, round(2 * nbytes / us / 1e6, 2))
+    us = probe.time([lambda w=w: dst.copy_(w) for w in ws]); probe.emit(n, k, "torch copy (r+w)", us, round(2 * nbytes / us / 1e6, 2))
     for bn in (4, 8, 16, 32, 64, 128):
         for bw in (32, 64, 128, 256, 512):
             if bw > kw or not 512 <= bn * bw <= 8192:
@@ -52,7 +47,7 @@ for n, k in ((28672, 4096), (4096, 14336), (8192, 8192)):
                     for ev in (1,) if (warps, split) != (4, 1) else (0, 1):
                         grid = (triton.cdiv(n, bn), split)
                         calls = [lambda w=w: read_rows[grid](w, out, kw, kw // split, BN=bn, BW=bw, EV=ev, num_warps=warps) for w in ws]
-                        us = tg(calls); emit(n, k, f"rows {bn}x{bw * 4}B w{warps} s{split} ev{ev}", us, round(nbytes / us / 1e6, 2))
+                        us = probe.time(calls); probe.emit(n, k, f"rows {bn}x{bw * 4}B w{warps} s{split} ev{ev}", us, round(nbytes / us / 1e6, 2))
     total = n * kw
     for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
         for progs in (132, 264, 528, 1056, 2112):
@@ -61,5 +56,5 @@ for n, k in ((28672, 4096), (4096, 14336), (8192, 8192)):
             if chunk == 0:
                 continue
             calls = [lambda w=w: read_flat[(progs,)](w, out, chunk, BLOCK=block, num_warps=warps) for w in ws]
-            us = tg(calls); emit(n, k, f"flat {block * 4}B w{warps} p{progs} (covers {progs * chunk * 4 / nbytes:.3f})", us, round(progs * chunk * 4 / us / 1e6, 2))
-print("done", time.time() - t0)
+            us = probe.time(calls); probe.emit(n, k, f"flat {block * 4}B w{warps} p{progs} (covers {progs * chunk * 4 / nbytes:.3f})", us, round(progs * chunk * 4 / us / 1e6, 2))
+print("done", probe.elapsed())

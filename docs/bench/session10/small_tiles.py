@@ -1,8 +1,9 @@
 """M = 1-4 decode GEMVs with few weight rows per program (the pure-read sweep's fastest tiles: 4-16 rows
-x 256-512 B). PYTHONPATH=. python3 .scratch/small_tiles.py OUTDIR [parts a b]"""
-import csv, json, os, sys, time
+x 256-512 B). PYTHONPATH=. python3 docs/bench/session10/small_tiles.py OUTDIR [parts a b]"""
+import json, os, sys
 import torch
-from qfuse.bench.timing import copies_for, time_graph
+from _probe import Probe
+from qfuse.bench.timing import copies_for
 from qfuse.ops.int8_gemm_kernels import run_int8_gemm
 from qfuse.ops.w4a8_gemv import gemv_supported
 from qfuse.ops.wna16_dispatch import run_config
@@ -10,18 +11,9 @@ from tests.ops.test_w4a8_gemm_kernel import make_w4a8
 from tests.ops.test_wna16_gemm_kernel import make_problem
 
 out_dir = sys.argv[1]; parts = sys.argv[2:] or ["a", "b"]
-os.makedirs(out_dir, exist_ok=True)
-f = open(os.path.join(out_dir, "small_tiles.csv"), "a", newline=""); w = csv.writer(f)
+probe = Probe(out_dir, "small_tiles.csv")
 SHAPES = [(28672, 4096), (4096, 14336), (8192, 8192), (6144, 4096), (4096, 4096)]
-dev = "cuda"; t0 = time.time()
-def tg(calls, replays=15):
-    calls[0](); torch.cuda.synchronize(); return round(time_graph(calls, replays=replays), 2)
-def emit(*row):
-    w.writerow(row); f.flush(); print(*row, f"[{time.time() - t0:.0f}s]", flush=True)
-def bf16_time(n, k, m=1):
-    ws = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) for _ in range(copies_for(n * k * 2))]
-    x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
-    return tg([lambda wt=wt: torch.matmul(x, wt.t()) for wt in ws])
+dev = "cuda"
 
 A_TILES = [(2, 32, 2), (4, 16, 2), (1, 64, 2), (2, 128, 8), (4, 32, 4), (8, 16, 4), (8, 32, 4), (8, 32, 8), (16, 16, 4), (16, 16, 8), (16, 32, 8), (4, 64, 8), (2, 64, 4), (32, 16, 8), (64, 16, 4)]
 B_TILES = [(4, 128, 4), (8, 64, 4), (8, 128, 4), (8, 128, 8), (16, 64, 4), (16, 64, 8), (16, 128, 8), (4, 256, 8), (32, 32, 4), (32, 64, 4), (64, 32, 4)]
@@ -31,28 +23,28 @@ if "a" in parts:
     for m in MS:
         bm = 1 if m == 1 else 2 if m == 2 else 4
         for n, k in SHAPES:
-            emit("w4a8", m, n, k, "bf16", "", bf16_time(n, k, m), "")
+            probe.emit("w4a8", m, n, k, "bf16", "", probe.bf16_us(n, k, m), "")
             for g in (-1, 128):
                 pick = tuned[f"w4a8_gemm|NVIDIA_H200|{m}|{n}|{k}|{g}"]
                 sets = [make_w4a8(m, n, k, g, device=dev, bias=False) for _ in range(copies_for(n * k // 2))]
                 ref = run_int8_gemm(*sets[0], torch.bfloat16, w4=True, config=pick)
-                emit("w4a8", m, n, k, g, "pick " + json.dumps(pick, sort_keys=True), tg([lambda a=a: run_int8_gemm(*a, torch.bfloat16, w4=True, config=pick) for a in sets]), True)
+                probe.emit("w4a8", m, n, k, g, "pick " + json.dumps(pick, sort_keys=True), probe.time([lambda a=a: run_int8_gemm(*a, torch.bfloat16, w4=True, config=pick) for a in sets]), True)
                 for bn, bw, warps in A_TILES:
                     for split in (1, 2, 4):
                         c = {"KERNEL": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split, "DP4A_ASM": 1, "num_stages": 2, "num_warps": warps}
                         if not gemv_supported(k, g, c):
                             continue
                         o = run_int8_gemm(*sets[0], torch.bfloat16, w4=True, config=c)
-                        emit("w4a8", m, n, k, g, json.dumps(c, sort_keys=True), tg([lambda a=a, c=c: run_int8_gemm(*a, torch.bfloat16, w4=True, config=c) for a in sets]), bool(torch.equal(o, ref)))
+                        probe.emit("w4a8", m, n, k, g, json.dumps(c, sort_keys=True), probe.time([lambda a=a, c=c: run_int8_gemm(*a, torch.bfloat16, w4=True, config=c) for a in sets]), bool(torch.equal(o, ref)))
 if "b" in parts:
     tuned = json.load(open("ops/tuned/wna16_gemm.NVIDIA_H200.json"))
     for bits in (4, 8):
         for n, k in SHAPES:
-            emit(f"w{bits}a16", 1, n, k, "bf16", "", bf16_time(n, k), "")
+            probe.emit(f"w{bits}a16", 1, n, k, "bf16", "", probe.bf16_us(n, k), "")
             pick = tuned[f"wna16_gemm|NVIDIA_H200|1|{n}|{k}|128|bfloat16|{bits}"]
             sets = [make_problem(1, n, k, bits, 128, torch.bfloat16, False, False, device=dev) for _ in range(copies_for(n * k * bits // 8))]
             ref = run_config(pick, *sets[0], bits, 128)
-            emit(f"w{bits}a16", 1, n, k, 128, "pick " + json.dumps(pick, sort_keys=True), tg([lambda a=a: run_config(pick, *a, bits, 128) for a in sets]), 0.0)
+            probe.emit(f"w{bits}a16", 1, n, k, 128, "pick " + json.dumps(pick, sort_keys=True), probe.time([lambda a=a: run_config(pick, *a, bits, 128) for a in sets]), 0.0)
             for bn, bw, warps in B_TILES:
                 for split in (1, 2, 4, 8):
                     c = {"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split, "num_warps": warps}
@@ -60,5 +52,5 @@ if "b" in parts:
                         continue
                     o = run_config(c, *sets[0], bits, 128)
                     err = (o.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
-                    emit(f"w{bits}a16", 1, n, k, 128, json.dumps(c, sort_keys=True), tg([lambda a=a, c=c: run_config(c, *a, bits, 128) for a in sets]), round(err, 5))
-print("done", time.time() - t0)
+                    probe.emit(f"w{bits}a16", 1, n, k, 128, json.dumps(c, sort_keys=True), probe.time([lambda a=a, c=c: run_config(c, *a, bits, 128) for a in sets]), round(err, 5))
+print("done", probe.elapsed())
