@@ -46,7 +46,8 @@ Design (why, with the numbers behind it in BENCHMARKS.md):
 * **Other kernels** a config can name (``KERNEL``): ``"gemv"``, the dp4a GEMV of
   ops/w4a8_gemv.py (W4A8, M <= 8); ``"mma_words"``, ops/w4a8_mma_words.py (W4A8, M <= 64: the
   packed bytes straight into the int8 wgmma's register A operand, K permuted to their order;
-  on the H200 the pick at 62 of the 70 W4A8 keys at M = 1-64, ninth session); ``"w8"``, an int4 -> int8 weight pass
+  on the H200 the pick at almost every W4A8 key at M = 4-64, ninth session; at M = 1-2 the
+  GEMV's lane tiles took over, tenth session); ``"w8"``, an int4 -> int8 weight pass
   (ops/w4a8_int8_weight.py) followed by this kernel in its W8A8 form (W4A8, M > 64);
   ``"gemv8"``, the dp4a GEMV of ops/w8a8_gemv.py (W8A8, M <= 8). Measured on the H200
   (BENCHMARKS.md, int8_gemm): the W4A8 GEMV wins M = 1 on all five shapes (8.1-31.0 us
@@ -351,8 +352,8 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
     w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms) + tma_configs(m, k)] if m > 64 and k % 8 == 0 else []
     tma = [dict(c, UNPACK_ASM=1) for c in tma_configs(m, k, group_size, w4=True)]  # M > 64: unpack into the B operand
     # M <= 64 (K % 128 == 0): the packed bytes straight into the MMA's A registers; first where
-    # offered (the heuristic, untuned pick): on the H200 it won 33 of the 40 keys at M = 1-64
-    # (BENCHMARKS.md, ninth session), and the tile kernel below otherwise
+    # offered from M = 3 (the heuristic, untuned pick): on the H200 it won 33 of the 40 keys at
+    # M = 1-64 (BENCHMARKS.md, ninth session), and the tile kernel below otherwise
     words = mma_words_configs(m, n, k, sms, group_size)
     gemv = gemv_configs(m, n, k, group_size, sms, asm=True)
     if m <= 2 and gemv:  # 1-2 tokens: the GEMV's lane tiles first (on the H200 1.1-1.5x faster than mma_words at M = 1)

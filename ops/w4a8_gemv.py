@@ -24,11 +24,11 @@ issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never un
   ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, once per column
   and token for all the thread's rows: it is where each row's ``t_lo`` starts. (A separate
   per-column running sum for per-channel, added once at the end, put 4 more shared-memory
-  layout conversions and barriers in the loop: 6 against 2 at 4 rows x 32 columns; ninth
+  layout conversions and barriers in the loop: 6 against 2 at 4 rows x 32 columns; tenth
   session, 24-30 % slower there on the H200.)
 * A tile covers 4 consecutive words (32 codes) of BLOCK_W columns per row (16-byte loads); a
   column lies in one group of 128 codes, so with group 128 each column's exact int32 partial
-  is multiplied by its integer group scale (``acc += (t_lo + (t_hi >> 4) + cx) * gs``, gs per
+  is multiplied by its integer group scale (``acc += (t_lo + (t_hi >> 4)) * gs``, gs per
   row and column; a tile of more than 16 words spans several groups): grouped costs one IMAD
   per row and column more than per-channel, not one multiply per weight.
 
