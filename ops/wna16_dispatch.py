@@ -35,6 +35,8 @@ A config is a dict whose ``"kernel"`` names the family:
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -59,8 +61,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, exhaustive: bool = False) -> list[dict]:
-    """Configs to try for this problem, the heuristic choice first."""
+def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, exhaustive: bool = False,
+                      dtype: torch.dtype | None = None) -> list[dict]:
+    """Configs to try for this problem, the heuristic choice first; ``dtype``: the activations'
+    (bf16 adds the word GEMV's packed-bf16 forms; None: unknown, so not those)."""
     mb = m_bucket(m)
     gk = group_size if group_size > 0 else 256  # BLOCK_K never spans two groups
     cands: list[dict] = []
@@ -88,6 +92,14 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # 64 -> 72 B of spills, +8 %. Timed on the H200 at M = 1 (tenth session run 9): no faster
         # than without a cap on any of 4 shapes x 2 bit widths (e.g. 4-bit 8192x8192 64 x 32
         # split 4: 20.9 us with cap 80 against 19.7), so they stay opt-in.
+        if bits == 4 and dtype == torch.bfloat16:
+            # HFMA2: each word's 8 products summed in bf16x2 lanes (1: per word, 2: per word pair)
+            # before float32, ~5.6-6.1 SASS instructions per weight byte against 7.4-8.2
+            plain = [c for c in cands if c["kernel"] == "gemv_words"]
+            for bn, bw, warps in ((32, 128, 4), (16, 256, 4), (8, 128, 2), (8, 256, 4), (8, 512, 4), (16, 128, 2)):  # more rows or longer runs per thread
+                for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), _cdiv(n, bn) * m, sms):
+                    plain.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
+            cands += [{**c, "HFMA2": 2} for c in plain]
         for bn, bw, warps in shapes[:5]:
             for cap in (80, 64):
                 for sp in (4, 1):
@@ -306,11 +318,22 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
     raise ValueError(f"qfuse.{OP}: unknown kernel family {kind!r} in config {cfg}")
 
 
-def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True) -> list[dict]:
+def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True,
+                   dtype: torch.dtype | None = None) -> list[dict]:
     """The candidates the op may pick from: opt-in configs (:func:`is_experimental`) only with
     ``QFUSE_EXPERIMENTAL_KERNELS=1``; the TMA family only with ``tma`` (a Hopper or newer GPU)."""
-    every = [c for c in candidate_configs(m, n, k, bits, group_size, sms) if tma or c["kernel"] != "tiled_tma"]
+    every = [c for c in candidate_configs(m, n, k, bits, group_size, sms, dtype=dtype) if tma or c["kernel"] != "tiled_tma"]
+    if fp32_accumulate():
+        every = [c for c in every if "HFMA2" not in c]
     return offered(every, lambda c: is_experimental(c, bits))
+
+
+def fp32_accumulate() -> bool:
+    """``QFUSE_FP32_ACCUMULATE=1``: never sum products in bf16 (the word GEMV's ``HFMA2`` forms, the
+    shipped W4A16 M = 1 picks on the H200). A tuned or shipped ``HFMA2`` pick then runs the same
+    tile in float32: the rms error against the exact product goes from 1.4-2.1x the reference
+    kernel's own to 0.6-0.8x, and the time up 24-39 % (H200, M = 1; BENCHMARKS.md, eleventh session)."""
+    return os.environ.get("QFUSE_FP32_ACCUMULATE", "0") == "1"
 
 
 def is_experimental(cfg: dict, bits: int) -> bool:
@@ -337,7 +360,9 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     """Pick the config for this shape (cache / shipped defaults / one measurement) and run it."""
     m, k = x.shape
     n = qweight.shape[0]
-    cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device), tma_capable(x.device))  # noqa: E731 - built only on a cache miss
+    cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device), tma_capable(x.device), x.dtype)  # noqa: E731 - built only on a cache miss
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
+    if "HFMA2" in cfg and fp32_accumulate():
+        cfg = {key: v for key, v in cfg.items() if key != "HFMA2"}
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

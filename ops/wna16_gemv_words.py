@@ -66,12 +66,128 @@ from ._wna16_common import output_buffers, store_row
 # (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
 # each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
 # per byte, 125 against 255 registers.
+def _word_dot_ptx(words: int) -> str:
+    """Inline PTX: ``words`` (1 or 2) int32 words of 8 codes each (k = 8w + t in bits 4t..)
+    against their bf16 activations, in two bf16x2 lanes: lane 0 takes codes t = 0-3, lane 1
+    codes t = 4-7, so the mask 0x000F000F picks the pair (t, t + 4) after a shift by 4t.
+    Operands: $0 the float32 result (sum of both lanes), $1.. the words, then the pair
+    -(128 + z), then per word the activation pairs (x[t], x[t + 4]), t = 0..3. Per code pair:
+    LOP3 (128 + u, exact), FMA by 1 plus -(128 + z) (u - z, exact), FMA into the lane sum (one
+    rounding to bf16). lop3 immLut 0xEA = (a & b) | c; fma.rn.bf16x2 runs from sm_80
+    (sub / mul.bf16x2 need sm_90)."""
+    negz = f"${words + 1}"
+    lines = [".reg .b32 v, q, a, w, one, lo, hi;", "mov.b32 one, 0x3F803F80;", "mov.b32 a, 0x80008000;"]
+    for i in range(words):
+        for t in range(4):
+            src = f"${1 + i}"
+            if t:
+                lines.append(f"shr.u32 w, {src}, {4 * t};")
+                src = "w"
+            lines += [f"lop3.b32 v, {src}, 0x000F000F, 0x43004300, 0xEA;", f"fma.rn.bf16x2 q, v, one, {negz};",
+                      f"fma.rn.bf16x2 a, q, ${words + 2 + 4 * i + t}, a;"]
+    lines += ["shl.b32 lo, a, 16;", "and.b32 hi, a, 0xFFFF0000;", "add.f32 $0, lo, hi;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_WORD_DOT_BF16X2 = tl.constexpr(_word_dot_ptx(1))
+_TWO_WORD_DOT_BF16X2 = tl.constexpr(_word_dot_ptx(2))
+_TWO_WORD_CONSTRAINTS = tl.constexpr("=r," + ",".join(["r"] * 11))  # a constant: triton 3.6 cannot join strings in a kernel
+
+
+# (x[t], x[t + 4]) pairs from the 4 activation pairs a b c d = (x0 x1) (x2 x3) (x4 x5) (x6 x7): one
+# PRMT each (ptxas makes LOP3 + IMAD of the shift-and-or spelling)
+_ACT_PAIRS = tl.constexpr("""{
+prmt.b32 $0, $4, $6, 0x5410;
+prmt.b32 $1, $4, $6, 0x7632;
+prmt.b32 $2, $5, $7, 0x5410;
+prmt.b32 $3, $5, $7, 0x7632;
+}""")
+
+
+@triton.jit
+def act_pairs(xa, xb, xc, xd, ASM: tl.constexpr):
+    """``(x04, x15, x26, x37)``: uint32 pairs (x[t], x[t + 4]) of a word's 8 activations, given as
+    its 4 uint32 pairs (x[2i], x[2i + 1])."""
+    if ASM:
+        return tl.inline_asm_elementwise(_ACT_PAIRS, "=r,=r,=r,=r,r,r,r,r", [xa, xb, xc, xd],
+                                         dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
+    else:
+        return (xa & 0xFFFF) | (xc << 16), (xa >> 16) | (xc & 0xFFFF0000), (xb & 0xFFFF) | (xd << 16), (xb >> 16) | (xd & 0xFFFF0000)
+
+
+@triton.jit
+def _bf16_rne(v):
+    """float32 ``v`` rounded to the nearest bf16 (ties to even), as float32 (integer bit ops, so
+    the interpreter rounds as the GPU's ``fma.rn.bf16x2`` does)."""
+    b = v.to(tl.uint32, bitcast=True)
+    return ((b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lane_fma(acc_lo, acc_hi, words, q_minus, xp, SHIFT: tl.constexpr):
+    """The interpreter's spelling of one pair step of :func:`_word_dot_ptx`: codes t and t + 4
+    (``SHIFT`` = 4t) minus z times their activations, each lane rounded to bf16."""
+    u_lo = ((words >> SHIFT) & 15).to(tl.float32)
+    u_hi = ((words >> (SHIFT + 16)) & 15).to(tl.float32)
+    x_lo = (xp << 16).to(tl.float32, bitcast=True)
+    x_hi = (xp & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return _bf16_rne((u_lo + q_minus) * x_lo + acc_lo), _bf16_rne((u_hi + q_minus) * x_hi + acc_hi)
+
+
+@triton.jit
+def _word_dot_interp(words, q_minus, x04, x15, x26, x37, lo, hi):
+    """One word of ``_word_dot_ptx`` in the interpreter's spelling: the lane sums after it."""
+    lo, hi = _lane_fma(lo, hi, words, q_minus, x04, 0)
+    lo, hi = _lane_fma(lo, hi, words, q_minus, x15, 4)
+    lo, hi = _lane_fma(lo, hi, words, q_minus, x26, 8)
+    lo, hi = _lane_fma(lo, hi, words, q_minus, x37, 12)
+    return lo, hi
+
+
+@triton.jit
+def word_dot_bf16x2(words, negz, x04, x15, x26, x37, WORDS: tl.constexpr, ASM: tl.constexpr):
+    """``sum_t (u_t - z) * x_t`` over the 8 codes of each uint32 word (``WORDS`` = 1), or of each
+    pair of neighbouring words (``WORDS`` = 2: the last axis of ``words`` and of the activation
+    pairs halves), float32 from two bf16x2 lane sums (see :func:`_word_dot_ptx`). ``negz``:
+    uint32 pairs of bf16 -(128 + z); ``x04 .. x37``: uint32 pairs (x[t], x[t + 4]).
+    ``ASM=False``: the interpreter's integer / float32 spelling with the same roundings."""
+    if WORDS == 2:
+        words, words_1 = _halves(words)
+        x04, x04_1 = _halves(x04)
+        x15, x15_1 = _halves(x15)
+        x26, x26_1 = _halves(x26)
+        x37, x37_1 = _halves(x37)
+    if ASM:
+        if WORDS == 2:
+            r = tl.inline_asm_elementwise(_TWO_WORD_DOT_BF16X2, _TWO_WORD_CONSTRAINTS,
+                                          [words, words_1, negz, x04, x15, x26, x37, x04_1, x15_1, x26_1, x37_1],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            r = tl.inline_asm_elementwise(_WORD_DOT_BF16X2, "=r,r,r,r,r,r,r", [words, negz, x04, x15, x26, x37],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+        return r.to(tl.float32, bitcast=True)
+    else:
+        q_minus = 128.0 + (negz << 16).to(tl.float32, bitcast=True)  # -z: u - z = (128 + u) - (128 + z)
+        lo = tl.zeros(words.shape, tl.float32)
+        hi = tl.zeros(words.shape, tl.float32)
+        lo, hi = _word_dot_interp(words, q_minus, x04, x15, x26, x37, lo, hi)
+        if WORDS == 2:
+            lo, hi = _word_dot_interp(words_1, q_minus, x04_1, x15_1, x26_1, x37_1, lo, hi)
+        return lo + hi
+
+
+@triton.jit
+def _halves(t):
+    """``[A, B, C]`` -> its even and odd entries along the last axis, ``[A, B, C / 2]`` each."""
+    return tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2] // 2, 2)))
+
+
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
     CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
@@ -99,37 +215,63 @@ def _wna16_gemv_words_kernel(
             z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
     else:
         z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
-    acc = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, NG, WPG // max(HFMA2, 1)), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
+    if HFMA2:
+        # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
+        if HAS_ZEROS and GROUP < 0:
+            negz = (tl.load(z_ptr + rn[:, None] * G).to(tl.uint32) + 0xC300) * 0x10001
+        else:
+            negz = tl.full((BLOCK_N, 1), 0xC308C308, tl.uint32)
+        xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
     for it in range(0, W_PER_SPLIT // BLOCK_W):
         w0 = w_start + it * BLOCK_W
         if VEC > 1:
             w0 = tl.multiple_of(w0, VEC)
         ow = w0 + ow_tile
         words = tl.load(qw_ptr + row[:, None, None] + ow[None, :, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-        if GROUP > 0:
-            g = (w0 * CPW) // GROUP
-            s = tl.load(s_ptr + sg + g).to(tl.float32)
-            if HAS_ZEROS:
-                z = tl.load(z_ptr + sg + g).to(tl.float32)
-        # per-channel: straight into acc (a separate tile sum costs one FADD per word:
-        # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
-        t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
-        for h in tl.static_range(2):
-            half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
-            for j in tl.static_range(CPH):
-                # Code j stays in place (bits BITS*j..): the exponent trick then yields
-                # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
-                # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
-                # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
-                # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
-                # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
-                cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
-                xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
-                t += cj * xj[None, :, :]
-        if GROUP > 0:
-            acc += t * s[:, :, None]
+        if HFMA2:
+            # the word's activations as pairs (x[t], x[t + 4]) from its 4 int32 pairs a b c d =
+            # (x0 x1) (x2 x3) (x4 x5) (x6 x7): once per column, shared by the tile's rows
+            xq = tl.load(xw_row + (ow * 4)[:, :, None] + tl.arange(0, 4)[None, None, :], eviction_policy="evict_last")  # one 16-byte load
+            x_ac, x_bd = tl.split(tl.reshape(xq, (NG, WPG, 2, 2)))
+            xa, xc = tl.split(x_ac)
+            xb, xd = tl.split(x_bd)
+            x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
+            if GROUP > 0:
+                g = (w0 * CPW) // GROUP
+                s = tl.load(s_ptr + sg + g).to(tl.float32)
+                negz_g = negz[:, :, None]
+                if HAS_ZEROS:
+                    negz_g = ((tl.load(z_ptr + sg + g).to(tl.uint32) + 0xC300) * 0x10001)[:, :, None]
+                part = word_dot_bf16x2(words, negz_g, x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
+                acc += part * s[:, :, None]
+            else:
+                acc += word_dot_bf16x2(words, negz[:, :, None], x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
         else:
-            acc = t
+            if GROUP > 0:
+                g = (w0 * CPW) // GROUP
+                s = tl.load(s_ptr + sg + g).to(tl.float32)
+                if HAS_ZEROS:
+                    z = tl.load(z_ptr + sg + g).to(tl.float32)
+            # per-channel: straight into acc (a separate tile sum costs one FADD per word:
+            # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
+            t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
+            for h in tl.static_range(2):
+                half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
+                for j in tl.static_range(CPH):
+                    # Code j stays in place (bits BITS*j..): the exponent trick then yields
+                    # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
+                    # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
+                    # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
+                    # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
+                    # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
+                    cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
+                    xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
+                    t += cj * xj[None, :, :]
+            if GROUP > 0:
+                acc += t * s[:, :, None]
+            else:
+                acc = t
 
     store_row(tl.sum(tl.sum(acc, axis=2), axis=1), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m,
               pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
@@ -160,13 +302,17 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
 
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
-    register cap per thread, CUDA only)} (arguments already checked)."""
+    register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
+    word's products summed in bf16x2 lanes)} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
     kw = k // cpw
     if bits not in (4, 8) or k % cpw:
         raise ValueError(f"wna16_gemv_words: {bits}-bit K={k} is not a whole number of int32 words")
+    hfma2 = int(cfg.get("HFMA2", 0))
+    if hfma2 and (bits != 4 or x.dtype != torch.bfloat16):
+        raise ValueError(f"wna16_gemv_words: HFMA2 takes 4-bit weights and bf16 activations, not {bits}-bit / {x.dtype}")
     x = x.contiguous()
     words = aligned_view(qweight, torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
     block_w = tile_words(k, bits, group_size, cfg["BLOCK_W"])
@@ -175,6 +321,9 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         split_k -= 1
     w_per_split = kw // split_k
     vec = 4 if bits == 8 and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
+    wpg = min(block_w, group_size // cpw) if group_size > 0 else block_w  # words per group in a tile (the kernel's WPG)
+    if hfma2 == 2 and wpg % 2:  # word pairs need an even count
+        hfma2 = 1
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
     out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
@@ -182,6 +331,6 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2), **cap,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2), **cap,
     )  # fmt: skip
     return out

@@ -57,7 +57,7 @@ def shipped_config(key: str) -> dict | None:
 def tune_candidates(m, n, k, bits, group_size, families: set[str] | None, dtype: torch.dtype, gpu: str) -> list[dict]:
     """The exhaustive candidates, or with ``families`` only theirs plus the shipped pick for this
     key (a re-tune of some families then keeps the old winner where it still wins)."""
-    cands = candidate_configs(m, n, k, bits, group_size, exhaustive=True)
+    cands = candidate_configs(m, n, k, bits, group_size, exhaustive=True, dtype=dtype)
     if families is None:
         return cands
     keep = [c for c in cands if c["kernel"] in families]

@@ -43,7 +43,7 @@ def _tinygemm(ws, n: int, k: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qfuse.ops.wna16_dispatch import candidate_configs, config_key, run_config
+    from qfuse.ops.wna16_dispatch import candidate_configs, config_key, is_experimental, run_config
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
     from qfuse.ops.wna16_gemv_words import wna16_gemv_words
 
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="weight widths (default: both)")
     p.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="N x K weight shapes")
     p.add_argument("--group", type=int, default=GROUP, help="group size (-1: per-channel; tinygemm only at 128)")
+    p.add_argument("--experimental", action="store_true", help="also time the opt-in configs (register caps)")
     p.add_argument("--baseline-json", type=Path, default=Path(__file__).resolve().parents[2] / "ops/tuned/wna16_gemm.NVIDIA_H200.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     for n, k in (tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes):
         wb = [torch.randn(n, k, device="cuda").bfloat16() for _ in range(copies_for(n * k * 2))]
         for bits in args.bits:
-            cfgs = [c for c in candidate_configs(1, n, k, bits, group) if c["kernel"] == "gemv_words"]
+            cfgs = [c for c in candidate_configs(1, n, k, bits, group, dtype=torch.bfloat16)
+                    if c["kernel"] == "gemv_words" and (args.experimental or not is_experimental(c, bits))]
             nbytes = n * k * bits // 8 + n * (1 if group == -1 else k // group) * 2
             ws = _weights(n, k, bits, copies_for(nbytes), group)
             tg = _tinygemm(ws, n, k) if bits == 4 and group == GROUP else None
@@ -91,16 +93,20 @@ def main(argv: list[str] | None = None) -> int:
                 if tg is not None:
                     r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
                 for c in cfgs:
-                    label = f"words_bn{c['BLOCK_N']}_bw{c['BLOCK_W']}_sk{c['SPLIT_K']}_w{c['num_warps']}"
+                    label = f"words_bn{c['BLOCK_N']}_bw{c['BLOCK_W']}_sk{c['SPLIT_K']}_w{c['num_warps']}" + \
+                            (f"_h{c['HFMA2']}" if "HFMA2" in c else "") + (f"_r{c['MAXNREG']}" if "MAXNREG" in c else "")
                     r[label] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, bits, group, c) for w in ws])
                 words = {kk: v for kk, v in r.items() if kk.startswith("words")}
                 best = min(words, key=words.get)
                 r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)
+                for form, sel in (("f32", lambda kk: "_h" not in kk), ("h1", lambda kk: "_h1" in kk), ("h2", lambda kk: "_h2" in kk)):
+                    if any(sel(kk) for kk in words):  # the best of each accumulation form
+                        r[f"best_{form}"] = min(v for kk, v in words.items() if sel(kk))
                 rows.append(r)
                 tiny = f"{r['tinygemm']:.1f}" if "tinygemm" in r else "-"
                 print(f"{n}x{k} W{bits} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
                       f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
-                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}", flush=True)
+                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}  " + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "h1", "h2") if f"best_{f}" in r), flush=True)
             del ws, tg
     write_csv(rows, args.out / ("gemv_words.csv" if group == GROUP else f"gemv_words_g{group}.csv"))
     return 0

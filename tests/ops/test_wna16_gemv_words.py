@@ -16,6 +16,7 @@ import torch
 
 from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
 from qfuse.ops.wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
+from qfuse.ops.wna16_gemm import wna16_gemm_ref
 from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, make_problem
 
 # 64 codes per tile (4-bit: 8 words, 8-bit: 16 words), so K = 256 splits into 4 whole tiles
@@ -149,6 +150,71 @@ def test_gemv_words_tile_spanning_groups(bits, group_size, block_w):
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
+@pytest.mark.parametrize("group_size", [-1, 32, 128])
+@pytest.mark.parametrize("hfma2", [1, 2])
+@pytest.mark.parametrize("m,split_k,asym", [(1, 1, False), (2, 2, True), (1, 4, True)])
+def test_gemv_words_hfma2_interpreter(group_size, hfma2, m, split_k, asym):
+    # the packed-bf16 form (4-bit, bf16): each word's (or word pair's) products in two bf16 lanes;
+    # the interpreter rounds each lane FMA to bf16 as the GPU's fma.rn.bf16x2 does
+    x, qw, s, z, b = make_problem(m, 40, 512, 4, group_size, torch.bfloat16, asym=asym, bias=m == 2)
+    out = wna16_gemv_words(x, qw, s, z, b, 4, group_size, {**_cfg(4, split_k), "HFMA2": hfma2})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
+
+
+def test_gemv_words_hfma2_extreme_codes_and_odd_words():
+    # codes 0 / 15 against zero points at the other end: |u - z| = 15 in every lane position
+    x, _, s, _, _ = make_problem(2, 16, 256, 4, 32, torch.bfloat16, asym=False, bias=False)
+    codes = torch.randint(0, 2, (16, 256), dtype=torch.uint8) * 15
+    z = (15 - codes[:, ::32]).contiguous()
+    out = wna16_gemv_words(x, _pack(codes, 4), s, z, None, 4, 32, {**_cfg(4, 2), "HFMA2": 2})
+    assert_close_to_ref(out, x, _pack(codes, 4), s, z, None, 4, 32)
+    # K = 40: 5 words per row, so tiles of one word; word pairs fall back to single words
+    x, qw, s, z, b = make_problem(1, 20, 40, 4, -1, torch.bfloat16, asym=True, bias=True)
+    out = wna16_gemv_words(x, qw, s, z, b, 4, -1, {"BLOCK_N": 16, "BLOCK_W": 8, "SPLIT_K": 1, "HFMA2": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
+
+
+def test_gemv_words_hfma2_tolerance_catches_a_nibble_swap():
+    x, qw, s, z, b = make_problem(1, 32, 256, 4, 64, torch.bfloat16, asym=True, bias=False)
+    out = wna16_gemv_words(x, ((qw >> 4) | (qw << 4)).contiguous(), s, z, b, 4, 64, {**_cfg(4, 1), "HFMA2": 2})
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(out, x, qw, s, z, b, 4, 64)
+
+
+@pytest.mark.parametrize("bits,dtype", [(4, torch.float16), (8, torch.bfloat16)])
+def test_gemv_words_hfma2_rejects_other_widths_and_dtypes(bits, dtype):
+    x, qw, s, z, b = make_problem(1, 16, 128, bits, -1, dtype, asym=False, bias=False)
+    with pytest.raises(ValueError, match="HFMA2 takes 4-bit weights and bf16"):
+        wna16_gemv_words(x, qw, s, z, b, bits, -1, {**_cfg(bits, 1), "HFMA2": 2})
+
+
+def test_hfma2_candidates_only_for_4bit_bf16(monkeypatch):
+    monkeypatch.delenv("QFUSE_FP32_ACCUMULATE", raising=False)
+    bf = [c for c in candidate_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16) if "HFMA2" in c]
+    assert bf and all(c["kernel"] == "gemv_words" and c["HFMA2"] == 2 and not is_experimental(c, 4) for c in bf)
+    for bits, dtype in ((4, torch.float16), (4, None), (8, torch.bfloat16)):
+        assert not any("HFMA2" in c for c in candidate_configs(1, 4096, 4096, bits, 128, dtype=dtype))
+    assert not any("HFMA2" in c for c in candidate_configs(16, 4096, 4096, 4, 128, dtype=torch.bfloat16))  # M bucket > 2
+    assert any("HFMA2" in c for c in usable_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16))
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")  # the opt-out drops them
+    assert not any("HFMA2" in c for c in usable_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16))
+
+
+def test_fp32_accumulate_strips_a_picked_hfma2(monkeypatch):
+    """QFUSE_FP32_ACCUMULATE=1 runs a shipped / cached HFMA2 pick as the same tile in float32."""
+    import qfuse.ops.wna16_dispatch as dispatch
+
+    x, qw, s, z, b = make_problem(1, 40, 256, 4, 128, torch.bfloat16, asym=True, bias=True)
+    seen = []
+    monkeypatch.setattr(dispatch, "pick_config", lambda *a, **k: {"kernel": "gemv_words", **_cfg(4, 1), "HFMA2": 2})
+    monkeypatch.setattr(dispatch, "run_config", lambda cfg, *a: seen.append(cfg))
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")
+    dispatch.wna16_gemm_triton(x, qw, s, z, b, 4, 128)
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "0")
+    dispatch.wna16_gemm_triton(x, qw, s, z, b, 4, 128)
+    assert "HFMA2" not in seen[0] and seen[1]["HFMA2"] == 2 and {**seen[0], "HFMA2": 2} == seen[1]
+
+
 # ---------------------------------------------------------------- GPU: real decode shapes
 
 SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192))
@@ -177,3 +243,39 @@ def test_gemv_words_unaligned_weight_storage(bits):
     shifted.copy_(qw)
     out = wna16_gemv_words(x, shifted, s, z, b, bits, -1, {"BLOCK_N": 16, "BLOCK_W": 4, "SPLIT_K": 1})
     assert_close_to_ref(out, x, qw, s, z, b, bits, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,group_size,asym", _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]
+                                                          + [(4096, 4096, 32, True), (4096, 4096, 64, False)]))
+def test_gpu_every_hfma2_candidate(n, k, group_size, asym):
+    """Every packed-bf16 (HFMA2) candidate of the dispatcher, W4A16 bf16 M = 1, at the real shapes."""
+    x, qw, s, z, b = make_problem(1, n, k, 4, group_size, torch.bfloat16, asym, bias=asym, device="cuda")
+    cands = [c for c in candidate_configs(1, n, k, 4, group_size, dtype=torch.bfloat16) if "HFMA2" in c]
+    assert cands
+    for cfg in cands + [{**cands[0], "HFMA2": 1}]:
+        assert_close_to_ref(run_config(cfg, x, qw, s, z, b, 4, group_size), x, qw, s, z, b, 4, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,group_size", [(8192, 8192, 128), (4096, 14336, -1), (28672, 4096, 128)])
+def test_gpu_hfma2_error_against_the_exact_product(n, k, group_size):
+    """The bf16 lane sums cost accuracy, bounded here: the rms error against the float64 product
+    of x and w_hat stays under 2.5x the reference kernel's own (measured 1.4-2.1x, BENCHMARKS.md,
+    eleventh session) and the max error under 2.5x the reference's max error."""
+    x, qw, s, z, _ = make_problem(1, n, k, 4, group_size, torch.bfloat16, asym=True, bias=False, device="cuda")
+    w = dequantize_exact(qw, s, z, group_size)
+    exact = x.double() @ w.t()
+    ref = wna16_gemm_ref(x, qw, s, z, None, 4, group_size).double()
+    cfg = next(c for c in candidate_configs(1, n, k, 4, group_size, dtype=torch.bfloat16) if "HFMA2" in c)
+    out = run_config(cfg, x, qw, s, z, None, 4, group_size).double()
+    rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
+    assert rms(out - exact) <= 2.5 * rms(ref - exact)
+    assert (out - exact).abs().max().item() <= 2.5 * (ref - exact).abs().max().item()
+
+
+def dequantize_exact(qw, s, z, group_size):
+    """w_hat = (u - z) * s in float64, unrounded."""
+    codes = torch.stack((qw & 15, qw >> 4), -1).reshape(qw.shape[0], -1).double()
+    g = codes.shape[1] if group_size == -1 else group_size
+    return (codes - z.double().repeat_interleave(g, 1)) * s.double().repeat_interleave(g, 1)
