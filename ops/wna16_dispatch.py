@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices, tma_capable
+from .w4a16_mma_gemv import mma_gemv_supported
 from .w4a16_mma_words import mma_words_supported
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from .wna16_tma import tma_supported
@@ -104,6 +105,15 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             for cap in (80, 64):
                 for sp in (4, 1):
                     cands.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps, "MAXNREG": cap})
+    if mb <= 2 and bits == 4 and mma_gemv_supported(k, group_size):
+        # Opt-in (is_experimental): right on the H200 (every config, both dtypes, eleventh session) and
+        # 4.2-4.8 SASS instructions per weight byte, but 30-40 % slower there than the HFMA2 word GEMV
+        # at M = 1 (e.g. 28672x4096: 30.5 against 21.5 us; BENCHMARKS.md). (row tiles, warps), 2 steps
+        # per iteration (1 and 4, and loading one step ahead, measured no faster).
+        for rt, warps in ((2, 4), (1, 4), (1, 8)):
+            programs = _cdiv(n, 16 * rt * warps) * m
+            for sp in split_k_choices(k // 256, programs, sms):
+                cands.append({"kernel": "mma_gemv", "ROW_TILES": rt, "STEPS": 2, "SPLIT_K": sp, "num_warps": warps})
     if mb <= 64:
         bm = max(16, min(64, mb))
         for bn in (64, 128):
@@ -288,6 +298,10 @@ def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Ten
         return wna16_gemv(x, qweight, scales, zeros, bias, bits, group_size, cfg)
     if kind == "gemv_words":
         return wna16_gemv_words(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+    if kind == "mma_gemv":
+        from .w4a16_mma_gemv import w4a16_mma_gemv
+
+        return w4a16_mma_gemv(x, qweight, scales, zeros, bias, group_size, cfg)
     if kind == "tiled":
         from .wna16_tiled import wna16_tiled
 
@@ -339,7 +353,8 @@ def fp32_accumulate() -> bool:
 def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
-    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), ``TAIL_SPLIT`` (right on the H200,
+    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
+    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the H200,
     never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to
@@ -349,7 +364,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     fault lies in the compiled code; its cause is not established. :func:`candidate_configs` no
     longer offers those two forms; the 4-warp 8-bit tiles were right in every check and stay
     opt-in until the cause is known."""
-    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
+    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv" or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

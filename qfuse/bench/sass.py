@@ -11,7 +11,7 @@ the longest region closed by a backward branch::
 
 prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop's instruction
 count and opcode histogram, and instructions per weight byte = loop instructions x threads /
-weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16),
+weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16), ``mma_gemv``,
 ``tiled_planes`` and ``mma_words`` (W4A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``. A static count: the real rate also
 depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
 """
@@ -40,6 +40,14 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"],
                       VEC=4 if bits == 8 and cfg["BLOCK_W"] % 4 == 0 else 1, HFMA2=int(cfg.get("HFMA2", 0)), ASM=True)
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
+    if kernel == "mma_gemv":
+        from qfuse.ops.w4a16_mma_gemv import _w4a16_mma_gemv_kernel as fn
+
+        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+               "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32"}
+        nw = cfg.get("num_warps", 4)
+        consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, ROW_TILES=cfg.get("ROW_TILES", 1), STEPS=cfg.get("STEPS", 1), NW=nw, ASM=True)
+        return fn, sig, consts, 16 * cfg.get("ROW_TILES", 1) * nw * 64 * cfg.get("STEPS", 1)  # STEPS 128-code steps of each row
     if kernel == "tiled_planes":
         from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel as fn
 
@@ -117,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--config", default="{}", help="JSON kernel config (BLOCK_N, BLOCK_W / BLOCK_K, num_warps, ...)")
     args = p.parse_args(argv)
-    defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+    defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "mma_gemv": {"ROW_TILES": 1, "num_warps": 4}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
                 "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
                 "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
                 "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
