@@ -4,7 +4,12 @@ A config is a dict whose ``"kernel"`` names the family:
 
 * ``"gemv_words"`` (4- and 8-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3
   instructions per code (ops/wna16_gemv_words.py); the measured M = 1 choice on the H200
-  (W4A16 1.74-1.95x bf16, W8A16 1.47-1.64x; BENCHMARKS.md run K);
+  (W8A16 1.47-1.74x bf16). With ``HFMA2`` (4-bit, bf16; each word pair's products summed in
+  bf16 lanes first, ~2 instructions per code) the shipped W4A16 bf16 g128 M = 1 pick on all
+  five shapes: 2.08-2.71x bf16 (eleventh session; ``QFUSE_FP32_ACCUMULATE=1`` turns it off);
+* ``"mma_gemv"`` (4-bit, M bucket <= 2, K % 128 == 0, group -1 or a multiple of 128): the
+  weights as ``mma.sync``'s A operand by inline PTX (ops/w4a16_mma_gemv.py); opt-in
+  (:func:`is_experimental`): right, but slower than the HFMA2 word GEMV on the H200;
 * ``"gemv"``  (M bucket <= 4): CUDA-core GEMV with split-K (ops/wna16_gemv.py);
 * ``"tiled"`` (any M): tensor-core tiles, split-K for skinny M (ops/wna16_tiled.py);
 * ``"tiled_words"`` (any M, K a whole number of int32 words): the same tiles reading the
@@ -345,8 +350,8 @@ def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int 
 def fp32_accumulate() -> bool:
     """``QFUSE_FP32_ACCUMULATE=1``: never sum products in bf16 (the word GEMV's ``HFMA2`` forms, the
     shipped W4A16 M = 1 picks on the H200). A tuned or shipped ``HFMA2`` pick then runs the same
-    tile in float32: the rms error against the exact product goes from 1.4-2.1x the reference
-    kernel's own to 0.6-0.8x, and the time up 24-39 % (H200, M = 1; BENCHMARKS.md, eleventh session)."""
+    tile in float32: the rms error against the exact product goes from 1.4-2.0x the reference
+    kernel's own to 0.6-0.85x, and the time up 24-39 % (H200, M = 1; BENCHMARKS.md, eleventh session)."""
     return os.environ.get("QFUSE_FP32_ACCUMULATE", "0") == "1"
 
 

@@ -40,6 +40,29 @@ instructions (per-channel 28672x4096, M = 1: BLOCK_W = 64 26.4 us, BLOCK_W = 16 
 BENCHMARKS.md), so the dispatcher offers BLOCK_W 16-64 and the tuning picks. Loading the next
 tile's words one tile ahead (a software prefetch) measured no faster and was dropped.
 
+**HFMA2 form** (config key ``HFMA2``; 4-bit with bf16 activations): the products are summed in
+bf16 pairs by inline PTX (:func:`_word_dot_ptx`) before float32. Per word, for t = 0..3::
+
+    plane_t = ((word >> 4t) & 0x000F000F) | 0x43004300   = bf16 pair (128 + u_t, 128 + u_t+4)  (exact)
+    q_t     = fma(plane_t, 1, -(128 + z))                = (u_t - z, u_t+4 - z)                (exact)
+    lanes   = fma(q_t, (x[t], x[t + 4]), lanes)          two bf16 lane sums, one rounding each
+    part    = float32(lanes.lo) + float32(lanes.hi)      (HFMA2 = 2: after two words, 8 products a lane)
+    acc    += part * s[n, g]
+
+The activation pairs ``(x[t], x[t + 4])`` are built once per word column (one PRMT each) and
+shared by the tile's rows. ~2 instructions per code (SHF, LOP3, packed FMA, packed FMA for
+two codes) against ~3: 5.6-6.1 SASS instructions per weight byte at g128 against 7.4-8.2
+(sm_90, triton 3.7.1; 6.0-6.3 with triton 3.6). On the H200 at M = 1 (g128, eleventh session)
+it is 24-39 % faster than the float32 form on all five shapes (28672x4096: 21.5 against 30.2
+us, 2.61-2.71x bf16). The cost is accuracy: each lane sum is rounded to bf16 after every
+product, 8 products per lane. Against the exact (float64) product of x and w_hat over 32 cases
+(4 shapes, g128 / per-channel, with and without zero points, plain and outlier activations),
+the rms error was 1.4-2.0x the reference kernel's own (which rounds w_hat to bf16) and the max
+error 1.0-1.8x; the float32 form's rms error was 0.6-0.85x (BENCHMARKS.md). ``QFUSE_FP32_ACCUMULATE=1``
+(ops/wna16_dispatch.py) turns the form off. fp16 activations keep the float32 form: a 4-term
+fp16 lane sum would overflow past |x| ~ 1e3, inside an LLM's activation range. 8-bit codes do
+not fit a bf16 mantissa with the magic-number trick (128 + u needs u < 128).
+
 One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
 partial of a split goes through the shared deterministic single-launch split-K reduction
 (``finish_split``). A tile is ``[BLOCK_N, NG, WPG]``: NG whole scale groups of WPG words
