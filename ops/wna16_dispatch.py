@@ -5,8 +5,9 @@ A config is a dict whose ``"kernel"`` names the family:
 * ``"gemv_words"`` (4- and 8-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3
   instructions per code (ops/wna16_gemv_words.py); the measured M = 1 choice on the H200
   (W8A16 1.47-1.74x bf16). With ``HFMA2`` (4-bit, bf16; each word pair's products summed in
-  bf16 lanes first, ~2 instructions per code) the shipped W4A16 bf16 g128 M = 1 pick on all
-  five shapes: 2.08-2.71x bf16 (eleventh session; ``QFUSE_FP32_ACCUMULATE=1`` turns it off);
+  bf16 lanes first, ~2 instructions per code) the shipped W4A16 bf16 M = 1 pick (g128 and
+  per-channel) on all five shapes: 2.08-2.71x bf16 (eleventh session; ``QFUSE_FP32_ACCUMULATE=1``
+  turns it off);
 * ``"mma_gemv"`` (4-bit, M bucket <= 2, K % 128 == 0, group -1 or a multiple of 128): the
   weights as ``mma.sync``'s A operand by inline PTX (ops/w4a16_mma_gemv.py); opt-in
   (:func:`is_experimental`): right, but slower than the HFMA2 word GEMV on the H200;
