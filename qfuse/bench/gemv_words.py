@@ -6,7 +6,8 @@ a baseline ``wna16_gemm`` config table, in one run. CUDA-graph medians over rota
 Every word-GEMV config is first checked against the reference kernel (symmetric and with zero
 points) on the real shape. The baseline column runs whatever config the given JSON ships for
 that key (default: the shipped ops/tuned/wna16_gemm.NVIDIA_H200.json). The configs timed are the
-dispatcher's ``gemv_words`` candidates for M = 1 (ops/wna16_dispatch.py), at every M given.
+dispatcher's ``gemv_words`` candidates for M = 1 with bf16 activations (ops/wna16_dispatch.py;
+4-bit: the HFMA2 forms too; the opt-in register caps with ``--experimental``), at every M given.
 """
 
 from __future__ import annotations

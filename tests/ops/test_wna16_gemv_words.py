@@ -196,6 +196,10 @@ def test_hfma2_candidates_only_for_4bit_bf16(monkeypatch):
         assert not any("HFMA2" in c for c in candidate_configs(1, 4096, 4096, bits, 128, dtype=dtype))
     assert not any("HFMA2" in c for c in candidate_configs(16, 4096, 4096, 4, 128, dtype=torch.bfloat16))  # M bucket > 2
     assert any("HFMA2" in c for c in usable_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16))
+    for n, k, g in ((4096, 4096, 128), (28672, 4096, -1), (4000, 576, 64)):  # the untuned pick: an HFMA2 tile
+        first = candidate_configs(1, n, k, 4, g, dtype=torch.bfloat16)[0]
+        assert first["kernel"] == "gemv_words" and first["HFMA2"] == 2 and first["SPLIT_K"] == 1
+        assert candidate_configs(1, n, k, 4, g, dtype=torch.float16)[0].get("HFMA2") is None
     monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")  # the opt-out drops them
     assert not any("HFMA2" in c for c in usable_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16))
 
