@@ -81,14 +81,6 @@ from ._views import aligned_view
 from ._wna16_common import output_buffers, store_row
 
 
-# KW / W_PER_SPLIT unspecialized: when Triton may assume 16-divisible row lengths it gives
-# each thread 4 contiguous words of 2 rows (16-byte loads) instead of 1 word of 8 rows, and
-# the per-code activation loads then amortize over 2 rows instead of 8: 10.8 against 9.2
-# SASS instructions per weight byte in the loop (4-bit, sm_90, BLOCK_N=64, BLOCK_W=16, 4 warps).
-# 8-bit has half the codes (activations) per word, so there the 16-byte loads win: VEC = 4
-# (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
-# each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
-# per byte, 125 against 255 registers.
 def _word_dot_ptx(words: int) -> str:
     """Inline PTX: ``words`` (1 or 2) int32 words of 8 codes each (k = 8w + t in bits 4t..)
     against their bf16 activations, in two bf16x2 lanes: lane 0 takes codes t = 0-3, lane 1
@@ -205,6 +197,14 @@ def _halves(t):
     return tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2] // 2, 2)))
 
 
+# KW / W_PER_SPLIT unspecialized: when Triton may assume 16-divisible row lengths it gives
+# each thread 4 contiguous words of 2 rows (16-byte loads) instead of 1 word of 8 rows, and
+# the per-code activation loads then amortize over 2 rows instead of 8: 10.8 against 9.2
+# SASS instructions per weight byte in the loop (4-bit, sm_90, BLOCK_N=64, BLOCK_W=16, 4 warps).
+# 8-bit has half the codes (activations) per word, so there the 16-byte loads win: VEC = 4
+# (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
+# each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
+# per byte, 125 against 255 registers.
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
