@@ -2,7 +2,7 @@
 the weights as its A operand, one activation row broadcast over its 8 columns.
 
 Each warp owns ``16 * ROW_TILES`` weight rows and walks the program's K slice in steps of 128
-codes (16 int32 words per row). Lane ``l`` (group ``g = l // 4``, ``q = l % 4``) loads words
+codes (16 int32 words per row), ``STEPS`` neighbouring steps per loop iteration. Lane ``l`` (group ``g = l // 4``, ``q = l % 4``) loads words
 ``4q .. 4q + 3`` of the step for rows ``g`` and ``g + 8`` of each row tile: 16-byte loads, the
 natural packing (code ``k = 8w + t`` in bits ``4t..`` of word ``w``). Per word, as in
 ops/w4a16_tiled_planes.py, plane ``t`` (t = 0..3) is ``(word >> 4t) & 0x000F000F | MAGIC``: the
@@ -21,6 +21,12 @@ and four packed FMAs plus a float32 merge in the HFMA2 word GEMV (ops/wna16_gemv
 the products are exact and the tensor core accumulates in float32, so no bf16 partial sums.
 Scales: per 128-code step (group sizes that are multiples of 128) the step's dot of each row
 times its scale into a float32 accumulator; per-channel once at the end.
+
+On the H200 (eleventh session, BENCHMARKS.md) it is right for every config, but 30-40 %
+slower at M = 1 than the HFMA2 word GEMV despite fewer instructions (4.2-4.8 SASS per weight
+byte at g128 against 5.6-6.3; e.g. 28672x4096: 30.3 against 21.5 us), with 1, 2 or 4 steps per
+iteration and with the next step's operands loaded one step ahead. It was not profiled, so the
+limit is not known; the dispatcher offers it opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``).
 
 The lane and warp of each element come from ``%laneid`` / ``%tid.x`` (PTX), so the index
 arithmetic follows the physical thread whatever layout Triton gives the 1-D tensors (one
