@@ -267,6 +267,8 @@ def w4a16_mma_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | N
     if not mma_gemv_supported(k, group_size):
         raise ValueError(f"w4a16_mma_gemv: K={k} / group {group_size}: needs K % 128 == 0 and group -1 or a multiple of 128")
     x = x.contiguous()
+    if x.data_ptr() % 4:  # the activations are read as int32 pairs: a view at an odd element is copied
+        x = x.clone()
     words = aligned_view(qweight, torch.int32)
     kw = k // 8
     steps_per_it = cfg.get("STEPS", 1)

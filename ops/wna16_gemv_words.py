@@ -337,6 +337,8 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     if hfma2 and (bits != 4 or x.dtype != torch.bfloat16):
         raise ValueError(f"wna16_gemv_words: HFMA2 takes 4-bit weights and bf16 activations, not {bits}-bit / {x.dtype}")
     x = x.contiguous()
+    if hfma2 and x.data_ptr() % 4:  # HFMA2 reads the activations as int32 pairs: a view at an odd element
+        x = x.clone()
     words = aligned_view(qweight, torch.int32)  # [N, K // CPW]; the byte layout read 4 bytes at a time
     block_w = tile_words(k, bits, group_size, cfg["BLOCK_W"])
     split_k = cfg.get("SPLIT_K", 1)

@@ -36,6 +36,15 @@ def test_mma_gemv_tolerance_catches_a_nibble_swap():
         assert_close_to_ref(out, x, qw, s, z, b, 4, 128)
 
 
+def test_mma_gemv_activations_at_an_odd_element():
+    x, qw, s, z, b = make_problem(1, 32, 256, 4, -1, torch.float16, asym=False, bias=True)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 4
+    out = w4a16_mma_gemv(shifted, qw, s, z, b, -1, {"ROW_TILES": 1, "SPLIT_K": 1, "num_warps": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
+
+
 def test_mma_gemv_supported_and_rejects():
     assert mma_gemv_supported(4096, 128) and mma_gemv_supported(14336, -1) and mma_gemv_supported(4096, 256)
     assert not mma_gemv_supported(4096, 64) and not mma_gemv_supported(4000, -1)

@@ -174,6 +174,17 @@ def test_gemv_words_hfma2_extreme_codes_and_odd_words():
     assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
 
 
+def test_gemv_words_hfma2_activations_at_an_odd_element():
+    """Activations that start 2 bytes into their storage (a view) still run: HFMA2 reads them as
+    int32 pairs, so the launcher copies such a view first."""
+    x, qw, s, z, b = make_problem(1, 16, 256, 4, 128, torch.bfloat16, asym=True, bias=False)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 4
+    out = wna16_gemv_words(shifted, qw, s, z, b, 4, 128, {**_cfg(4, 1), "HFMA2": 2})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, 128)
+
+
 def test_gemv_words_hfma2_tolerance_catches_a_nibble_swap():
     x, qw, s, z, b = make_problem(1, 32, 256, 4, 64, torch.bfloat16, asym=True, bias=False)
     out = wna16_gemv_words(x, ((qw >> 4) | (qw << 4)).contiguous(), s, z, b, 4, 64, {**_cfg(4, 1), "HFMA2": 2})
