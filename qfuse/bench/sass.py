@@ -118,7 +118,7 @@ def opcode(line: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
-    p.add_argument("kernel", help="gemv_words, tiled_planes, mma_words, w4a8_gemv, w4a8_mma_words or w8a8_gemv")
+    p.add_argument("kernel", help="gemv_words, mma_gemv, tiled_planes, mma_words, w4a8_gemv, w4a8_mma_words or w8a8_gemv")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
     p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
     p.add_argument("--zeros", action="store_true", help="with zero points (wna16)")
