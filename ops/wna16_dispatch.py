@@ -192,9 +192,10 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
     if first == "gemv_words" and dtype == torch.bfloat16 and bits == 4:
         # bf16 4-bit: the HFMA2 form leads (faster than the float32 form on every H200 shape, eleventh
         # session); 16 x 256 / 4 warps, split 1: within 16 % of each of the five shapes' pick (run 5)
-        lead = next(c for c in cands if c.get("HFMA2") and (c["BLOCK_N"], c["BLOCK_W"], c["SPLIT_K"], c["num_warps"]) == (16, 256, 1, 4))
-        cands.remove(lead)
-        cands.insert(0, lead)
+        lead = next((c for c in cands if c.get("HFMA2") and (c["BLOCK_N"], c["BLOCK_W"], c["SPLIT_K"], c["num_warps"]) == (16, 256, 1, 4)), None)
+        if lead is not None:
+            cands.remove(lead)
+            cands.insert(0, lead)
     return cands
 
 
