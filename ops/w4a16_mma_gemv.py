@@ -146,24 +146,28 @@ def _mma_word(c0, c1, c2, c3, w_a, w_b, negz_a, negz_b, za, zb, xq, NW: tl.const
 
 
 @triton.jit
-def _step_loads(qw_ptr, xw_row, ra, rb, col, KW):
-    """A 128-code step's operands for one row tile: words ``col .. col + 3`` of rows ``ra``
-    (g) and ``rb`` (g + 8), ``[E, 4]`` uint32 each, and each word's 4 activation pairs ``[E, 4]``."""
+def _step_words(qw_ptr, ra, rb, col, KW):
+    """A 128-code step's weights for one row tile: words ``col .. col + 3`` of rows ``ra`` (g)
+    and ``rb`` (g + 8), ``[E, 4]`` uint32 each."""
     four = tl.arange(0, 4)[None, :]
     wa = tl.load(qw_ptr + (ra * KW + col)[:, None] + four, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
     wb = tl.load(qw_ptr + (rb * KW + col)[:, None] + four, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-    xp = xw_row + (col * 4)[:, None] + four
-    x0 = tl.load(xp, eviction_policy="evict_last")
-    x1 = tl.load(xp + 4, eviction_policy="evict_last")
-    x2 = tl.load(xp + 8, eviction_policy="evict_last")
-    x3 = tl.load(xp + 12, eviction_policy="evict_last")
-    return wa, wb, (x0, x1, x2, x3)
+    return wa, wb
+
+
+@triton.jit
+def _step_acts(xw_row, col):
+    """The activation pairs of words ``col .. col + 3`` (4 ``[E, 4]`` uint32 tensors), shared by
+    every row tile of the step."""
+    xp = xw_row + (col * 4)[:, None] + tl.arange(0, 4)[None, :]
+    return (tl.load(xp, eviction_policy="evict_last"), tl.load(xp + 4, eviction_policy="evict_last"),
+            tl.load(xp + 8, eviction_policy="evict_last"), tl.load(xp + 12, eviction_policy="evict_last"))
 
 
 @triton.jit
 def _step_dots(wa, wb, xq, z_ptr, s_ptr, ra, rb, G, grp,
                GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, NW: tl.constexpr, IS_BF16: tl.constexpr, ASM: tl.constexpr):
-    """One 128-code step of one row tile (operands from :func:`_step_loads`): the rows' float32
+    """One 128-code step of one row tile (operands from :func:`_step_words`, :func:`_step_acts`): the rows' float32
     dots, times the step's group scale where there are groups."""
     if HAS_ZEROS:
         za_u = tl.load(z_ptr + ra * G + grp).to(tl.uint32)
@@ -223,12 +227,13 @@ def _w4a16_mma_gemv_kernel(
             w0 = w_start + (it * STEPS + j) * 16
             col = w0 + 4 * q
             grp = (w0 * 8) // GROUP if GROUP > 0 else 0
-            wa0, wb0, xq = _step_loads(qw_ptr, xw_row, ra0, rb0, col, KW)
+            wa0, wb0 = _step_words(qw_ptr, ra0, rb0, col, KW)
+            xq = _step_acts(xw_row, col)
             da, db = _step_dots(wa0, wb0, xq, z_ptr, s_ptr, ra0, rb0, G, grp, GROUP, HAS_ZEROS, NW, IS_BF16, ASM)
             acc_a0 += da
             acc_b0 += db
             if ROW_TILES == 2:
-                wa1, wb1, _ = _step_loads(qw_ptr, xw_row, ra1, rb1, col, KW)
+                wa1, wb1 = _step_words(qw_ptr, ra1, rb1, col, KW)
                 da, db = _step_dots(wa1, wb1, xq, z_ptr, s_ptr, ra1, rb1, G, grp, GROUP, HAS_ZEROS, NW, IS_BF16, ASM)
                 acc_a1 += da
                 acc_b1 += db

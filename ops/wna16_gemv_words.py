@@ -260,16 +260,17 @@ def _wna16_gemv_words_kernel(
             xa, xc = tl.split(x_ac)
             xb, xd = tl.split(x_bd)
             x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
+            negz_t = negz[:, :, None]
             if GROUP > 0:
                 g = (w0 * CPW) // GROUP
                 s = tl.load(s_ptr + sg + g).to(tl.float32)
-                negz_g = negz[:, :, None]
                 if HAS_ZEROS:
-                    negz_g = ((tl.load(z_ptr + sg + g).to(tl.uint32) + 0xC300) * 0x10001)[:, :, None]
-                part = word_dot_bf16x2(words, negz_g, x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
+                    negz_t = ((tl.load(z_ptr + sg + g).to(tl.uint32) + 0xC300) * 0x10001)[:, :, None]
+            part = word_dot_bf16x2(words, negz_t, x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
+            if GROUP > 0:
                 acc += part * s[:, :, None]
             else:
-                acc += word_dot_bf16x2(words, negz[:, :, None], x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
+                acc += part
         else:
             if GROUP > 0:
                 g = (w0 * CPW) // GROUP
