@@ -100,8 +100,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # than without a cap on any of 4 shapes x 2 bit widths (e.g. 4-bit 8192x8192 64 x 32
         # split 4: 20.9 us with cap 80 against 19.7), so they stay opt-in.
         if bits == 4 and dtype == torch.bfloat16:
-            # HFMA2: each word's 8 products summed in bf16x2 lanes (1: per word, 2: per word pair)
-            # before float32, ~5.6-6.1 SASS instructions per weight byte against 7.4-8.2
+            # HFMA2 = 2: each word pair's 16 products summed in two bf16x2 lanes before float32,
+            # ~5.6-6.1 SASS instructions per weight byte against 7.4-8.2 (HFMA2 = 1, per word, is
+            # the launcher's fallback for tiles of an odd word count: 1.5-21 % slower, run 2)
             plain = [c for c in cands if c["kernel"] == "gemv_words"]
             for bn, bw, warps in ((32, 128, 4), (16, 256, 4), (8, 128, 2), (8, 256, 4), (8, 512, 4), (16, 128, 2)):  # more rows or longer runs per thread
                 for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), _cdiv(n, bn) * m, sms):

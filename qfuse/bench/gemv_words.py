@@ -100,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
                 words = {kk: v for kk, v in r.items() if kk.startswith("words")}
                 best = min(words, key=words.get)
                 r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)
-                for form, sel in (("f32", lambda kk: "_h" not in kk), ("h1", lambda kk: "_h1" in kk), ("h2", lambda kk: "_h2" in kk)):
-                    if any(sel(kk) for kk in words):  # the best of each accumulation form
-                        r[f"best_{form}"] = min(v for kk, v in words.items() if sel(kk))
+                for form, hfma2 in (("f32", False), ("hfma2", True)):  # the best of each accumulation form
+                    times = [v for kk, v in words.items() if ("_h" in kk) == hfma2]
+                    if times:
+                        r[f"best_{form}"] = min(times)
                 rows.append(r)
                 tiny = f"{r['tinygemm']:.1f}" if "tinygemm" in r else "-"
                 print(f"{n}x{k} W{bits} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
                       f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
-                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}  " + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "h1", "h2") if f"best_{f}" in r), flush=True)
+                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}  " + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "hfma2") if f"best_{f}" in r), flush=True)
             del ws, tg
     write_csv(rows, args.out / ("gemv_words.csv" if group == GROUP else f"gemv_words_g{group}.csv"))
     return 0
