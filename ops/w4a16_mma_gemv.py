@@ -73,6 +73,9 @@ _MMA_PAIR_FP16 = tl.constexpr(_mma_pair_ptx("fp16"))
 _MMA_PAIR_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f," + ",".join(["r"] * 8 + ["f"] * 4))
 
 
+# compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
+LAUNCH_OPTIONS = {"num_stages": 1}
+
 @triton.jit
 def _lane_and_warp(e, ASM: tl.constexpr):
     """The physical lane and warp of each element of a one-element-per-thread tensor ``e``."""
@@ -291,6 +294,6 @@ def w4a16_mma_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | N
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], kw // split_k, split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        ROW_TILES=cfg.get("ROW_TILES", 1), STEPS=steps_per_it, NW=nw, ASM=x.is_cuda, num_warps=nw, num_stages=1,
+        ROW_TILES=cfg.get("ROW_TILES", 1), STEPS=steps_per_it, NW=nw, ASM=x.is_cuda, num_warps=nw, num_stages=LAUNCH_OPTIONS["num_stages"],
     )  # fmt: skip
     return out

@@ -101,6 +101,9 @@ _FP16_BYTES = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", False, 
 _FP16_SCALED_BYTES = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", True, True))
 
 
+# compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
+LAUNCH_OPTIONS = {"num_stages": 3}
+
 @triton.jit
 def _run_asm(words, neg, s, TEXT: tl.constexpr, dtype: tl.constexpr, SCALE_W: tl.constexpr):
     if SCALE_W:
@@ -250,6 +253,6 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
         m, n, k, kw, scales.shape[1], x.stride(0), kw // split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, SCALE_W=scale_w,
         BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", 3), **cap,
+        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out

@@ -82,6 +82,9 @@ add.f16x2 $3, v, $6;
 }""")
 
 
+# compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
+LAUNCH_OPTIONS = {"num_stages": 3}
+
 @triton.jit
 def nibble_planes(b, z, dtype: tl.constexpr, ASM: tl.constexpr):
     """Packed bytes ``b`` (uint8 ``[BN, W]``) -> ``(u_lo - z, u_hi - z)`` as ``dtype [BN, W]``
@@ -280,6 +283,6 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
         SWAP_AB=bool(cfg.get("SWAP_AB", False)) or join, HALVES=halves, JOIN=join, ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
     )  # fmt: skip
     return out

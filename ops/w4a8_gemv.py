@@ -59,6 +59,9 @@ _MINUS_8 = tl.constexpr(-117901064)  # 0xF8F8F8F8: four signed bytes of -8
 _BYTE3 = tl.constexpr(-16777216)  # 0xFF000000
 
 
+# compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
+LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
+
 @triton.jit
 def _dp4a_u(a, b, c, ASM: tl.constexpr):
     """``c + sum_i ubyte_i(a) * sbyte_i(b)`` (int32)."""
@@ -297,7 +300,7 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
         GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
         HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_W=bw, SPLIT=split > 1,
         DP4A_ASM=bool(config.get("DP4A_ASM", 0)), PREFETCH=bool(config.get("PREFETCH", 0)),
-        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 2), enable_fp_fusion=False,
+        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", LAUNCH_OPTIONS["num_stages"]), enable_fp_fusion=LAUNCH_OPTIONS["enable_fp_fusion"],
     )  # fmt: skip
     return out
 

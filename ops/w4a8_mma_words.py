@@ -54,6 +54,9 @@ from ._zeroed_workspace import zeroed_int32
 from .int8_gemm_kernels import _nibbles_minus_8, _scaled_nibbles, finish_tile, tile_of
 
 
+# compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
+LAUNCH_OPTIONS = {"num_stages": 4, "enable_fp_fusion": False}
+
 @triton.jit
 def _codes_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
     """``int8(nibble - 8)`` of every byte of uint8 ``p``: its low nibble, or with HIGH its high one.
@@ -205,7 +208,7 @@ def _options(xq, x_scale, w_scale, group_scale, bias, config: dict) -> dict:
     return dict(GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
                 HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], GROUP_N=config.get("GROUP_N", 8),
                 GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4),
-                num_stages=config.get("num_stages", 4), enable_fp_fusion=False)
+                num_stages=config.get("num_stages", LAUNCH_OPTIONS["num_stages"]), enable_fp_fusion=LAUNCH_OPTIONS["enable_fp_fusion"])
 
 
 def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):

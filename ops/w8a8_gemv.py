@@ -26,6 +26,9 @@ from ._zeroed_workspace import zeroed_int32
 from .w4a8_gemv import _dp4a_s, _split4, finish_tokens
 
 
+# compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
+LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
+
 @triton.jit
 def _token_dot(w0, w1, w2, w3, x_ptrs, acc, ASM: tl.constexpr):
     xw = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_W, 4] activation words
@@ -124,7 +127,7 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
         X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1, HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_W=bw, SPLIT=split > 1,
         DP4A_ASM=bool(config.get("DP4A_ASM", 0)), PREFETCH=bool(config.get("PREFETCH", 0)),
-        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", 2), enable_fp_fusion=False,
+        num_warps=config.get("num_warps", 4), num_stages=config.get("num_stages", LAUNCH_OPTIONS["num_stages"]), enable_fp_fusion=LAUNCH_OPTIONS["enable_fp_fusion"],
     )  # fmt: skip
     return out
 

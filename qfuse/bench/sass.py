@@ -38,7 +38,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
                "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32", "MAGIC_BITS": "i32", "CODE_MASK": "i32"}
         consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"],
-                      VEC=4 if bits == 8 and cfg["BLOCK_W"] % 4 == 0 else 1, HFMA2=int(cfg.get("HFMA2", 0)), ASM=True)
+                      VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("HFMA2")) and cfg["BLOCK_W"] % 4 == 0 else 1), HFMA2=int(cfg.get("HFMA2", 0)), ASM=True)
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
     if kernel == "mma_gemv":
         from qfuse.ops.w4a16_mma_gemv import _w4a16_mma_gemv_kernel as fn
@@ -100,6 +100,12 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
     return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 16  # 4 words of 4 bytes per column
 
 
+def launch_options(fn) -> dict:
+    """The compile options the kernel's launcher uses where a config does not set them (its
+    module's ``LAUNCH_OPTIONS``: num_stages, and enable_fp_fusion for the int8 kernels)."""
+    return dict(sys.modules[fn.fn.__module__].LAUNCH_OPTIONS)
+
+
 def hot_loop(sass: str) -> list[str]:
     """Instructions of the longest region that ends in a branch back to a label above it."""
     lines = sass.splitlines()
@@ -157,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     aligned = [i for i, name in enumerate(sig) if name not in unaligned]
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    options = {"num_warps": warps, "num_stages": cfg.get("num_stages", 3)}
+    # the launcher's own defaults (num_stages changes the code: the word GEMV at 3 stages stages its
+    # loads through shared memory, at its launch's 2 it does not)
+    options = {"num_warps": warps, **launch_options(fn), **{k: cfg[k] for k in ("num_stages",) if k in cfg}}
     if "MAXNREG" in cfg:  # the word GEMV's opt-in register cap (ops/wna16_dispatch.py)
         options["maxnreg"] = cfg["MAXNREG"]
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

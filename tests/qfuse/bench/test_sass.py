@@ -40,3 +40,16 @@ def test_bad_arguments_are_errors(capsys):
     assert "unknown kernel" in capsys.readouterr().err
     assert sass.main(["gemv_words", "--config", "{BLOCK_N: 1"]) == 2
     assert "qfuse bench sass" in capsys.readouterr().err
+
+
+def test_every_kernel_compiles_with_its_launchers_options():
+    # bench sass compiles with the launcher's own defaults (num_stages changes the word GEMV's
+    # code), read from each kernel module's LAUNCH_OPTIONS
+    cfgs = {"gemv_words": {"BLOCK_N": 32, "BLOCK_W": 64}, "mma_gemv": {}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+            "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128}, "w4a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
+            "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128}, "w8a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32}}
+    for kernel, cfg in cfgs.items():
+        fn = sass.kernel_spec(kernel, 4, 128, False, "bf16", cfg)[0]
+        options = sass.launch_options(fn)
+        assert options["num_stages"] in (1, 2, 3, 4), kernel
+        assert options.get("enable_fp_fusion", True) is (not kernel.startswith(("w4a8", "w8a8"))), kernel
