@@ -63,6 +63,11 @@ error 1.0-1.8x; the float32 form's rms error was 0.6-0.85x (BENCHMARKS.md). ``QF
 fp16 lane sum would overflow past |x| ~ 1e3, inside an LLM's activation range. 8-bit codes do
 not fit a bf16 mantissa with the magic-number trick (128 + u needs u < 128).
 
+With ``GROUPS_FIRST`` (opt-in until the GPU tests have run on it) the HFMA2 tile is indexed
+``[NG, BLOCK_N, WPG]``: the same products and sums, laid out so that a thread holds one word
+column of several rows and loads its activations once (11-14 % faster at g128 on the H200,
+twelfth session; the reason in the kernel's comment).
+
 One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
 partial of a split goes through the shared deterministic single-launch split-K reduction
 (``finish_split``). A tile is ``[BLOCK_N, NG, WPG]``: NG whole scale groups of WPG words
@@ -207,15 +212,16 @@ def _halves(t):
 # 8-bit has half the codes (activations) per word, so there the 16-byte loads win: VEC = 4
 # (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
 # each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
-# per byte, 125 against 255 registers. The HFMA2 form also takes VEC = 4: its activation pairs
-# are loaded per word column, not per code, and its [NG, BLOCK_N, WPG] tile keeps a thread's
-# words in one column (32 x 128 g128: 8 LDG.128 of words against 32 LDG.32 unaligned).
+# per byte, 125 against 255 registers. The HFMA2 form's GROUPS_FIRST tiles also take VEC = 4:
+# their activation pairs are loaded per word column, not per code, and a thread's words lie in
+# one column (32 x 128 g128: 8 LDG.128 of words against 32 LDG.32).
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr, ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr, GROUPS_FIRST: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
     CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
@@ -232,14 +238,29 @@ def _wna16_gemv_words_kernel(
     row = rn * KW
     if VEC > 1:
         row = tl.multiple_of(row, VEC)
-    if HFMA2:
-        # Tiles are [NG, BLOCK_N, WPG], groups first. Triton lays a load out by contiguity (the
-        # words), then by dimension: so the groups come next, and each thread holds 4 words of
-        # one column for several rows (8 at 32 x 128 / 4 warps), whose activations it loads once.
-        # As [BLOCK_N, NG, WPG] a thread held 4 words of each of NG groups of one row, and its
-        # activations came through shared memory: 32 LDS.128 per iteration at 32 x 128 against
-        # 4 LDG, 5.26 against 5.04 SASS instructions per byte, 168 against 127 registers; on
-        # the H200 (M = 1, g128) 10-14 % faster (8192x8192: 15.37 -> 13.63 us).
+    ow_tile = tl.arange(0, NG)[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [NG, WPG]: 0 .. BLOCK_W-1
+    if GROUP > 0:
+        sg = rn[:, None] * G + tl.arange(0, NG)[None, :]  # [BLOCK_N, NG]: + the tile's first group
+
+    if HAS_ZEROS:
+        if GROUP > 0:  # loaded per tile in the loop: here only its shape
+            z = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+        else:
+            z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
+    if HFMA2 and GROUPS_FIRST:
+        # GROUPS_FIRST: tiles are [NG, BLOCK_N, WPG], groups first. Triton lays a load out by
+        # contiguity (the words), then by dimension, so the groups come next: each thread holds
+        # 4 words of one column for several rows (8 at 32 x 128 / 4 warps), loads them as one
+        # 16-byte load (VEC = 4) and their column's activations once. As [BLOCK_N, NG, WPG]
+        # (below) a thread holds 4 words of each of NG groups of one row, and at 32 x 128 g128
+        # (sm_90, triton 3.6) a loop iteration takes 32 4-byte word loads and the activations
+        # of 32 columns through shared memory (8 STS.128 + 8 LDS.128), against 8 LDG.128 and
+        # 4 LDG.32: 5.62 against 5.04 SASS instructions per weight byte. On the H200 at M = 1,
+        # bf16, the best tile of each layout: 11-14 % faster at g128, 5 % per-channel (twelfth
+        # session; 8192x8192 g128 13.63 against 15.37 us). Opt-in (ops/wna16_dispatch.py)
+        # until the GPU tests have run on it.
         ow_tile = tl.arange(0, NG)[:, None, None] * WPG + tl.arange(0, WPG)[None, None, :]  # [NG, 1, WPG]
         row = row[None, :, None]
         # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
@@ -275,47 +296,64 @@ def _wna16_gemv_words_kernel(
                 acc += word_dot_bf16x2(words, negz_t, x04, x15, x26, x37, HFMA2, ASM)
         res = tl.sum(tl.sum(acc, axis=2), axis=0)
     else:
-        ow_tile = tl.arange(0, NG)[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [NG, WPG]: 0 .. BLOCK_W-1
-        if GROUP > 0:
-            sg = rn[:, None] * G + tl.arange(0, NG)[None, :]  # [BLOCK_N, NG]: + the tile's first group
-        if HAS_ZEROS:
-            if GROUP > 0:  # loaded per tile in the loop: here only its shape
-                z = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, NG, WPG // max(HFMA2, 1)), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
+        if HFMA2:
+            # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
+            if HAS_ZEROS and GROUP < 0:
+                negz = (tl.load(z_ptr + rn[:, None] * G).to(tl.uint32) + 0xC300) * 0x10001
             else:
-                z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
-        else:
-            z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
-        acc = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32)
+                negz = tl.full((BLOCK_N, 1), 0xC308C308, tl.uint32)
+            xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
         for it in range(0, W_PER_SPLIT // BLOCK_W):
             w0 = w_start + it * BLOCK_W
             if VEC > 1:
                 w0 = tl.multiple_of(w0, VEC)
             ow = w0 + ow_tile
             words = tl.load(qw_ptr + row[:, None, None] + ow[None, :, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-            if GROUP > 0:
-                g = (w0 * CPW) // GROUP
-                s = tl.load(s_ptr + sg + g).to(tl.float32)
-                if HAS_ZEROS:
-                    z = tl.load(z_ptr + sg + g).to(tl.float32)
-            # per-channel: straight into acc (a separate tile sum costs one FADD per word:
-            # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
-            t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
-            for h in tl.static_range(2):
-                half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
-                for j in tl.static_range(CPH):
-                    # Code j stays in place (bits BITS*j..): the exponent trick then yields
-                    # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
-                    # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
-                    # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
-                    # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
-                    # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
-                    cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
-                    xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
-                    t += cj * xj[None, :, :]
-            if GROUP > 0:
-                acc += t * s[:, :, None]
+            if HFMA2:
+                # the word's activations as pairs (x[t], x[t + 4]) from its 4 int32 pairs a b c d =
+                # (x0 x1) (x2 x3) (x4 x5) (x6 x7): once per column, shared by the tile's rows
+                xq = tl.load(xw_row + (ow * 4)[:, :, None] + tl.arange(0, 4)[None, None, :], eviction_policy="evict_last")  # one 16-byte load
+                x_ac, x_bd = tl.split(tl.reshape(xq, (NG, WPG, 2, 2)))
+                xa, xc = tl.split(x_ac)
+                xb, xd = tl.split(x_bd)
+                x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
+                negz_t = negz[:, :, None]
+                if GROUP > 0:
+                    g = (w0 * CPW) // GROUP
+                    s = tl.load(s_ptr + sg + g).to(tl.float32)
+                    if HAS_ZEROS:
+                        negz_t = ((tl.load(z_ptr + sg + g).to(tl.uint32) + 0xC300) * 0x10001)[:, :, None]
+                part = word_dot_bf16x2(words, negz_t, x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
+                if GROUP > 0:
+                    acc += part * s[:, :, None]
+                else:
+                    acc += part
             else:
-                acc = t
+                if GROUP > 0:
+                    g = (w0 * CPW) // GROUP
+                    s = tl.load(s_ptr + sg + g).to(tl.float32)
+                    if HAS_ZEROS:
+                        z = tl.load(z_ptr + sg + g).to(tl.float32)
+                # per-channel: straight into acc (a separate tile sum costs one FADD per word:
+                # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
+                t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
+                for h in tl.static_range(2):
+                    half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
+                    for j in tl.static_range(CPH):
+                        # Code j stays in place (bits BITS*j..): the exponent trick then yields
+                        # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
+                        # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
+                        # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
+                        # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
+                        # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
+                        cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
+                        xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
+                        t += cj * xj[None, :, :]
+                if GROUP > 0:
+                    acc += t * s[:, :, None]
+                else:
+                    acc = t
         res = tl.sum(tl.sum(acc, axis=2), axis=1)
     store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m,
               pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
@@ -347,7 +385,8 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
-    word's products summed in bf16x2 lanes)} (arguments already checked)."""
+    word's products summed in bf16x2 lanes), GROUPS_FIRST (optional, with HFMA2: the [NG,
+    BLOCK_N, WPG] tile)} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
@@ -366,7 +405,10 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     while split_k > 1 and kw % (split_k * block_w):  # whole tiles per split
         split_k -= 1
     w_per_split = kw // split_k
-    vec = 4 if (bits == 8 or hfma2) and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
+    groups_first = bool(cfg.get("GROUPS_FIRST", 0))
+    if groups_first and not hfma2:
+        raise ValueError("wna16_gemv_words: GROUPS_FIRST is a layout of the HFMA2 form; the config has no HFMA2")
+    vec = 4 if (bits == 8 or groups_first) and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
     wpg = min(block_w, group_size // cpw) if group_size > 0 else block_w  # words per group in a tile (the kernel's WPG)
     if hfma2 == 2 and wpg % 2:  # word pairs need an even count
         hfma2 = 1
@@ -377,6 +419,6 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, GROUPS_FIRST=groups_first, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out
