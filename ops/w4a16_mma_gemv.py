@@ -76,6 +76,7 @@ _MMA_PAIR_CONSTRAINTS = tl.constexpr("=f,=f,=f,=f," + ",".join(["r"] * 8 + ["f"]
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 1}
 
+
 @triton.jit
 def _lane_and_warp(e, ASM: tl.constexpr):
     """The physical lane and warp of each element of a one-element-per-thread tensor ``e``."""

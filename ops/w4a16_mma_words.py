@@ -104,6 +104,7 @@ _FP16_SCALED_BYTES = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", 
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 3}
 
+
 @triton.jit
 def _run_asm(words, neg, s, TEXT: tl.constexpr, dtype: tl.constexpr, SCALE_W: tl.constexpr):
     if SCALE_W:

@@ -85,6 +85,7 @@ add.f16x2 $3, v, $6;
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 3}
 
+
 @triton.jit
 def nibble_planes(b, z, dtype: tl.constexpr, ASM: tl.constexpr):
     """Packed bytes ``b`` (uint8 ``[BN, W]``) -> ``(u_lo - z, u_hi - z)`` as ``dtype [BN, W]``

@@ -62,6 +62,7 @@ _BYTE3 = tl.constexpr(-16777216)  # 0xFF000000
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
 
+
 @triton.jit
 def _dp4a_u(a, b, c, ASM: tl.constexpr):
     """``c + sum_i ubyte_i(a) * sbyte_i(b)`` (int32)."""

@@ -57,6 +57,7 @@ from .int8_gemm_kernels import _nibbles_minus_8, _scaled_nibbles, finish_tile, t
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 4, "enable_fp_fusion": False}
 
+
 @triton.jit
 def _codes_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
     """``int8(nibble - 8)`` of every byte of uint8 ``p``: its low nibble, or with HIGH its high one.

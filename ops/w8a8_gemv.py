@@ -29,6 +29,7 @@ from .w4a8_gemv import _dp4a_s, _split4, finish_tokens
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
 
+
 @triton.jit
 def _token_dot(w0, w1, w2, w3, x_ptrs, acc, ASM: tl.constexpr):
     xw = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_W, 4] activation words

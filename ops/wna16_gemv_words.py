@@ -127,6 +127,7 @@ prmt.b32 $3, $5, $7, 0x7632;
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 2}
 
+
 @triton.jit
 def act_pairs(xa, xb, xc, xd, ASM: tl.constexpr):
     """``(x04, x15, x26, x37)``: uint32 pairs (x[t], x[t + 4]) of a word's 8 activations, given as
