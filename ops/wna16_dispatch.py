@@ -108,10 +108,10 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                 for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), _cdiv(n, bn) * m, sms):
                     plain.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
             cands += [{**c, "HFMA2": 2} for c in plain]
-            # Opt-in (is_experimental) until the GPU tests have run on it: the [NG, BLOCK_N, WPG]
-            # tile (GROUPS_FIRST; ops/wna16_gemv_words.py), 11-14 % faster at g128 on the H200
-            # (twelfth session, best tile of each layout at M = 1)
-            cands += [{**c, "HFMA2": 2, "GROUPS_FIRST": 1} for c in plain]
+            # Opt-in (is_experimental) until the GPU tests have run on it: the same tiles loaded
+            # as [BLOCK_N, BLOCK_W] blocks (WORD_COLUMNS; ops/wna16_gemv_words.py), 11-14 % faster
+            # at g128 on the H200 (twelfth session, best tile of each layout at M = 1)
+            cands += [{**c, "HFMA2": 2, "WORD_COLUMNS": 1} for c in plain]
         for bn, bw, warps in shapes[:5]:
             for cap in (80, 64):
                 for sp in (4, 1):
@@ -373,7 +373,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), the HFMA2 word GEMV's
-    ``GROUPS_FIRST`` tiles (faster on the H200, not yet through the GPU tests), ``TAIL_SPLIT`` (right on the H200,
+    ``WORD_COLUMNS`` tiles (faster on the H200, not yet through the GPU tests), ``TAIL_SPLIT`` (right on the H200,
     never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to
@@ -383,7 +383,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     fault lies in the compiled code; its cause is not established. :func:`candidate_configs` no
     longer offers those two forms; the 4-warp 8-bit tiles were right in every check and stay
     opt-in until the cause is known."""
-    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or "GROUPS_FIRST" in cfg or cfg["kernel"] == "mma_gemv" or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
+    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or "WORD_COLUMNS" in cfg or cfg["kernel"] == "mma_gemv" or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:
@@ -398,5 +398,5 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     if "HFMA2" in cfg and fp32_accumulate():
-        cfg = {key: v for key, v in cfg.items() if key not in ("HFMA2", "GROUPS_FIRST")}
+        cfg = {key: v for key, v in cfg.items() if key not in ("HFMA2", "WORD_COLUMNS")}
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

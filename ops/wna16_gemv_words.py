@@ -63,10 +63,10 @@ error 1.0-1.8x; the float32 form's rms error was 0.6-0.85x (BENCHMARKS.md). ``QF
 fp16 lane sum would overflow past |x| ~ 1e3, inside an LLM's activation range. 8-bit codes do
 not fit a bf16 mantissa with the magic-number trick (128 + u needs u < 128).
 
-With ``GROUPS_FIRST`` (opt-in until the GPU tests have run on it) the HFMA2 tile is indexed
-``[NG, BLOCK_N, WPG]``: the same products and sums, laid out so that a thread holds one word
-column of several rows and loads its activations once (11-14 % faster at g128 on the H200,
-twelfth session; the reason in the kernel's comment).
+With ``WORD_COLUMNS`` (opt-in until the GPU tests have run on it) the HFMA2 tile is loaded as
+one ``[BLOCK_N, BLOCK_W]`` block: the same products and sums, laid out so that a thread holds
+one word column of several rows and loads its activations once (11-14 % faster at g128 on the
+H200, twelfth session; the reason in the kernel's comment).
 
 One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
 partial of a split goes through the shared deterministic single-launch split-K reduction
@@ -213,15 +213,14 @@ def _halves(t):
 # 8-bit has half the codes (activations) per word, so there the 16-byte loads win: VEC = 4
 # (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
 # each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
-# per byte, 125 against 255 registers. The HFMA2 form's GROUPS_FIRST tiles also take VEC = 4:
-# their activation pairs are loaded per word column, not per code, and a thread's words lie in
-# one column (32 x 128 g128: 8 LDG.128 of words against 32 LDG.32).
+# per byte, 125 against 255 registers. The HFMA2 form's WORD_COLUMNS tiles also take VEC = 4:
+# their activation pairs are loaded per word column, not per code (see the kernel's comment).
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr, GROUPS_FIRST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr, WORD_COLUMNS: tl.constexpr,
     ASM: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
@@ -250,41 +249,40 @@ def _wna16_gemv_words_kernel(
             z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
     else:
         z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
-    if HFMA2 and GROUPS_FIRST:
-        # GROUPS_FIRST: tiles are [NG, BLOCK_N, WPG], groups first. Triton lays a load out by
-        # contiguity (the words), then by dimension, so the groups come next: each thread holds
-        # 4 words of one column for several rows (8 at 32 x 128 / 4 warps), loads them as one
-        # 16-byte load (VEC = 4) and their column's activations once. As [BLOCK_N, NG, WPG]
-        # (below) a thread holds 4 words of each of NG groups of one row, and at 32 x 128 g128
-        # (sm_90, triton 3.6) a loop iteration takes 32 4-byte word loads and the activations
-        # of 32 columns through shared memory (8 STS.128 + 8 LDS.128), against 8 LDG.128 and
-        # 4 LDG.32: 5.62 against 5.04 SASS instructions per weight byte. On the H200 at M = 1,
-        # bf16, the best tile of each layout: 11-14 % faster at g128, 5 % per-channel (twelfth
-        # session; 8192x8192 g128 13.63 against 15.37 us). Opt-in (ops/wna16_dispatch.py)
-        # until the GPU tests have run on it.
-        ow_tile = tl.arange(0, NG)[:, None, None] * WPG + tl.arange(0, WPG)[None, None, :]  # [NG, 1, WPG]
-        row = row[None, :, None]
+    if HFMA2 and WORD_COLUMNS:
+        # WORD_COLUMNS: the tile is loaded as one [BLOCK_N, BLOCK_W] block, contiguous along
+        # its rows, then reshaped to [BLOCK_N, NG, WPG] (free: the same registers). Triton lays
+        # a load out by contiguity, so a warp reads runs of a row and each thread holds one
+        # 4-word column for several rows (8 at 32 x 128 / 4 warps): one 16-byte load (VEC = 4)
+        # per row, and that column's activations once. Loaded as a 3D [BLOCK_N, NG, WPG] tile
+        # (below) the layout depends on how Triton breaks the tie between the two
+        # non-contiguous dimensions: triton 3.6 gives each thread 4 words of each of NG groups
+        # of one row, so at 32 x 128 g128 (sm_90) a loop iteration takes 32 4-byte word loads
+        # and the activations of 32 columns through shared memory (8 STS.128 + 8 LDS.128),
+        # against 8 LDG.128 and 4 LDG.32 here: 5.62 against 4.95 SASS instructions per weight
+        # byte (the same 4.95 with triton 3.7.1). On the H200 at M = 1, bf16, the best tile of
+        # each layout: 11-14 % faster at g128, 5 % per-channel (twelfth session; 8192x8192
+        # g128 13.63 against 15.37 us; the timed g128 code loaded its scales in another layout,
+        # 5.04 per byte). Opt-in (ops/wna16_dispatch.py) until the GPU tests have run on it.
+        cols = tl.arange(0, BLOCK_W)
         # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
         if HAS_ZEROS and GROUP < 0:
-            negz = (tl.load(z_ptr + rn[None, :, None] * G).to(tl.uint32) + 0xC300) * 0x10001
+            negz = ((tl.load(z_ptr + rn * G).to(tl.uint32) + 0xC300) * 0x10001)[:, None, None]
         else:
-            negz = tl.full((1, BLOCK_N, 1), 0xC308C308, tl.uint32)
-        if GROUP > 0:
-            sg = tl.arange(0, NG)[:, None] + rn[None, :] * G  # [NG, BLOCK_N]: + the tile's first group
+            negz = tl.full((BLOCK_N, 1, 1), 0xC308C308, tl.uint32)
         xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
-        acc = tl.zeros((NG, BLOCK_N, WPG // HFMA2), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
+        acc = tl.zeros((BLOCK_N, NG, WPG // HFMA2), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
         for it in range(0, W_PER_SPLIT // BLOCK_W):
             w0 = w_start + it * BLOCK_W
             if VEC > 1:
                 w0 = tl.multiple_of(w0, VEC)
-            ow = w0 + ow_tile
-            words = tl.load(qw_ptr + row + ow, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-            # the word's activations as pairs (x[t], x[t + 4]) from its 4 int32 pairs a b c d =
-            # (x0 x1) (x2 x3) (x4 x5) (x6 x7)
-            xa = tl.load(xw_row + ow * 4, eviction_policy="evict_last")
-            xb = tl.load(xw_row + ow * 4 + 1, eviction_policy="evict_last")
-            xc = tl.load(xw_row + ow * 4 + 2, eviction_policy="evict_last")
-            xd = tl.load(xw_row + ow * 4 + 3, eviction_policy="evict_last")
+            ow = w0 + cols
+            words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+            words = tl.reshape(words, (BLOCK_N, NG, WPG))
+            xa = tl.reshape(tl.load(xw_row + ow * 4, eviction_policy="evict_last"), (1, NG, WPG))
+            xb = tl.reshape(tl.load(xw_row + ow * 4 + 1, eviction_policy="evict_last"), (1, NG, WPG))
+            xc = tl.reshape(tl.load(xw_row + ow * 4 + 2, eviction_policy="evict_last"), (1, NG, WPG))
+            xd = tl.reshape(tl.load(xw_row + ow * 4 + 3, eviction_policy="evict_last"), (1, NG, WPG))
             x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
             negz_t = negz
             if GROUP > 0:
@@ -295,7 +293,7 @@ def _wna16_gemv_words_kernel(
                 acc += word_dot_bf16x2(words, negz_t, x04, x15, x26, x37, HFMA2, ASM) * s
             else:
                 acc += word_dot_bf16x2(words, negz_t, x04, x15, x26, x37, HFMA2, ASM)
-        res = tl.sum(tl.sum(acc, axis=2), axis=0)
+        res = tl.sum(tl.sum(acc, axis=2), axis=1)
     else:
         acc = tl.zeros((BLOCK_N, NG, WPG // max(HFMA2, 1)), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
         if HFMA2:
@@ -386,8 +384,8 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
-    word's products summed in bf16x2 lanes), GROUPS_FIRST (optional, with HFMA2: the [NG,
-    BLOCK_N, WPG] tile)} (arguments already checked)."""
+    word's products summed in bf16x2 lanes), WORD_COLUMNS (optional, with HFMA2: the tile loaded
+    as one [BLOCK_N, BLOCK_W] block)} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
@@ -406,10 +404,10 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     while split_k > 1 and kw % (split_k * block_w):  # whole tiles per split
         split_k -= 1
     w_per_split = kw // split_k
-    groups_first = bool(cfg.get("GROUPS_FIRST", 0))
-    if groups_first and not hfma2:
-        raise ValueError("wna16_gemv_words: GROUPS_FIRST is a layout of the HFMA2 form; the config has no HFMA2")
-    vec = 4 if (bits == 8 or groups_first) and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
+    word_columns = bool(cfg.get("WORD_COLUMNS", 0))
+    if word_columns and not hfma2:
+        raise ValueError("wna16_gemv_words: WORD_COLUMNS is a layout of the HFMA2 form; the config has no HFMA2")
+    vec = 4 if (bits == 8 or word_columns) and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
     wpg = min(block_w, group_size // cpw) if group_size > 0 else block_w  # words per group in a tile (the kernel's WPG)
     if hfma2 == 2 and wpg % 2:  # word pairs need an even count
         hfma2 = 1
@@ -420,6 +418,6 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, GROUPS_FIRST=groups_first, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, WORD_COLUMNS=word_columns, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out

@@ -38,8 +38,8 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
                "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32", "MAGIC_BITS": "i32", "CODE_MASK": "i32"}
         consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"],
-                      VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("GROUPS_FIRST")) and cfg["BLOCK_W"] % 4 == 0 else 1), HFMA2=int(cfg.get("HFMA2", 0)),
-                      GROUPS_FIRST=bool(cfg.get("GROUPS_FIRST", 0)), ASM=True)
+                      VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("WORD_COLUMNS")) and cfg["BLOCK_W"] % 4 == 0 else 1), HFMA2=int(cfg.get("HFMA2", 0)),
+                      WORD_COLUMNS=bool(cfg.get("WORD_COLUMNS", 0)), ASM=True)
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
     if kernel == "mma_gemv":
         from qfuse.ops.w4a16_mma_gemv import _w4a16_mma_gemv_kernel as fn
@@ -101,6 +101,35 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
     return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 16  # 4 words of 4 bytes per column
 
 
+def compile_sass(fn, sig: dict, consts: dict, cfg: dict) -> tuple[str, str]:
+    """``(SASS, cuobjdump -res-usage)`` of ``fn`` compiled for sm_90 as a launch on the usual
+    shapes specializes it: pointers, and integers that are multiples of 16 (N, K, strides, ...)
+    unless the kernel opts out (do_not_specialize); M, split counts and masks typically are not.
+    Compile options: the launcher's own (``LAUNCH_OPTIONS``), then the config's."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK", "UNITS"} | {q.name for q in fn.params if q.do_not_specialize}
+    aligned = [i for i, name in enumerate(sig) if name not in unaligned]
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    # num_stages changes the code: the word GEMV at 3 stages stages its loads through shared
+    # memory, at its launch's 2 it does not
+    options = {"num_warps": cfg.get("num_warps", 4), **launch_options(fn), **{k: cfg[k] for k in ("num_stages",) if k in cfg}}
+    if "MAXNREG" in cfg:  # the word GEMV's opt-in register cap (ops/wna16_dispatch.py)
+        options["maxnreg"] = cfg["MAXNREG"]
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    return sass, usage
+
+
 def launch_options(fn) -> dict:
     """The compile options the kernel's launcher uses where a config does not set them (its
     module's ``LAUNCH_OPTIONS``: num_stages, and enable_fp_fusion for the int8 kernels)."""
@@ -153,30 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     warps = cfg.get("num_warps", 4)
-    # what a launch on the usual shapes specializes: pointers, and integers that are multiples of
-    # 16 (N, K, strides, ...) unless the kernel opts out (do_not_specialize); M, split counts and
-    # masks typically are not
-    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK", "UNITS"} | {q.name for q in fn.params if q.do_not_specialize}
-    aligned = [i for i, name in enumerate(sig) if name not in unaligned]
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    # the launcher's own defaults (num_stages changes the code: the word GEMV at 3 stages stages its
-    # loads through shared memory, at its launch's 2 it does not)
-    options = {"num_warps": warps, **launch_options(fn), **{k: cfg[k] for k in ("num_stages",) if k in cfg}}
-    if "MAXNREG" in cfg:  # the word GEMV's opt-in register cap (ops/wna16_dispatch.py)
-        options["maxnreg"] = cfg["MAXNREG"]
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    sass, usage = compile_sass(fn, sig, consts, cfg)
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     loop = hot_loop(sass)
@@ -185,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"registers {regs.group(1) if regs else '?'}  stack {stack.group(1) if stack else '?'} B  loop {len(loop)} instructions")
     print(f"instructions per weight byte {len(loop) * warps * 32 / loop_bytes:.2f}")
     print("opcodes: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(10)))
+    memory = collections.Counter(line.split()[1] for line in loop if re.search(r"\s(LDG|STG|LDS|STS|LDSM|STSM)\b", line))
+    print("memory: " + ", ".join(f"{k} {v}" for k, v in sorted(memory.items())))
     return 0
 
 

@@ -1,15 +1,16 @@
-"""Usage: PYTHONPATH=. python3 docs/bench/session12/groups_first_time.py OUT_DIR (a CUDA machine).
+"""Usage: PYTHONPATH=. python3 docs/bench/session12/word_columns_time.py OUT_DIR (a CUDA machine).
 
-The HFMA2 word GEMV at M = 1, bf16: its [BLOCK_N, NG, WPG] tiles against the GROUPS_FIRST
-[NG, BLOCK_N, WPG] tiles (ops/wna16_gemv_words.py), the shipped pick and 8 tiles x 3 splits per
-shape, graph-timed medians over rotated weight copies; each row also has the output's max error
-against the reference kernel over max |ref|. CSV columns: N, K, group, layout, config, us, error.
+The HFMA2 word GEMV at M = 1, bf16: its default tiles against the WORD_COLUMNS tiles
+(ops/wna16_gemv_words.py), the shipped pick and 8 tiles x 3 splits per shape, graph-timed
+medians over rotated weight copies; each row also has the output's max error against the
+reference kernel over max |ref|. CSV columns: N, K, group, layout, config, us, error.
 
-Twelfth-session run 2 (docs/bench/session12/groups_first_run2.csv) ran an earlier copy of the
-kernel with a layout switch (layout "perm" there is GROUPS_FIRST, "orig" the other; sm_90 SASS of
-6 configs byte-identical to the committed GROUPS_FIRST path) and a third layout, "vec" (the
-[BLOCK_N, NG, WPG] tile with 16-byte word loads), that is not in the code: slower everywhere at
-g128 (8192x8192 pick: 19.85 against 15.62 us)."""
+Twelfth-session run 2 (docs/bench/session12/word_columns_run2.csv) ran an earlier copy of the
+kernel: its word-column layout ("perm" there; "orig" is the default) came from an [NG, BLOCK_N,
+WPG] tile, whose sm_90 SASS is byte-identical to the committed WORD_COLUMNS form per-channel and
+differs at g128 in the scale loads (5.04 against 4.95 instructions per weight byte, triton 3.6).
+Its third layout, "vec" (the default tile with 16-byte word loads), is not in the code: slower
+everywhere at g128 (8192x8192 pick: 19.85 against 15.62 us)."""
 import csv, json, os, sys, time
 
 import torch
@@ -21,7 +22,7 @@ from tests.ops.test_wna16_gemm_kernel import make_problem
 
 out_dir = sys.argv[1]
 os.makedirs(out_dir, exist_ok=True)
-f = open(os.path.join(out_dir, "groups_first_time.csv"), "a", newline="")
+f = open(os.path.join(out_dir, "word_columns_time.csv"), "a", newline="")
 w = csv.writer(f)
 t0 = time.time()
 
@@ -53,7 +54,7 @@ for n, k, g in [(8192, 8192, 128), (4096, 14336, 128), (8192, 8192, -1), (28672,
     cfgs = [("pick", pick)] + [(f"{bn}x{bw}x{nw}w_s{sp}", {"BLOCK_N": bn, "BLOCK_W": bw, "num_warps": nw, "SPLIT_K": sp, "HFMA2": 2})
                                for bn, bw, nw in TILES for sp in SPLITS[k]]
     for label, c in cfgs:
-        for layout, cfg in (("rows_first", c), ("groups_first", {**c, "GROUPS_FIRST": 1})):
+        for layout, cfg in (("default", c), ("word_columns", {**c, "WORD_COLUMNS": 1})):
             o = wna16_gemv_words(x, qw, s, None, None, 4, g, cfg).float()
             err = round(((o - ref).abs().max() / ref.abs().max()).item(), 5)
             us = tg([lambda a=a, cfg=cfg: wna16_gemv_words(a[0], a[1], a[2], None, None, 4, g, cfg) for a in sets])
