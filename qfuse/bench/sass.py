@@ -148,8 +148,13 @@ def hot_loop(sass: str) -> list[str]:
     return [line for line in lines[best[0]:best[1] + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
 
 
+def mnemonic(line: str) -> str:
+    """The instruction with its modifiers (``LDG.E.EF.128``), without address and predicate."""
+    return re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0]
+
+
 def opcode(line: str) -> str:
-    return re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?", "", line).split()[0].split(".")[0]
+    return mnemonic(line).split(".")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"registers {regs.group(1) if regs else '?'}  stack {stack.group(1) if stack else '?'} B  loop {len(loop)} instructions")
     print(f"instructions per weight byte {len(loop) * warps * 32 / loop_bytes:.2f}")
     print("opcodes: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(10)))
-    memory = collections.Counter(line.split()[1] for line in loop if re.search(r"\s(LDG|STG|LDS|STS|LDSM|STSM)\b", line))
+    memory = collections.Counter(mnemonic(line) for line in loop if opcode(line) in ("LDG", "STG", "LDS", "STS", "LDSM", "STSM"))
     print("memory: " + ", ".join(f"{k} {v}" for k, v in sorted(memory.items())))
     return 0
 

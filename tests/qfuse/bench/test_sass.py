@@ -35,6 +35,12 @@ def test_hot_loop_is_the_longest_backward_branch():
     assert [sass.opcode(line) for line in loop] == ["FFMA", "LOP3", "BRA"]
 
 
+def test_mnemonic_drops_address_and_predicate():
+    # the memory line counts loads by mnemonic: a predicated load is still an LDG.E.EF.128
+    assert sass.mnemonic("        /*0fd0*/              @!P0 LDG.E.EF.128 R8, desc[UR4][R8.64] ;") == "LDG.E.EF.128"
+    assert sass.opcode("        /*0fe0*/                   LDS.U16 R131, [R126+UR8] ;") == "LDS"
+
+
 def test_bad_arguments_are_errors(capsys):
     assert sass.main(["not_a_kernel"]) == 2
     assert "unknown kernel" in capsys.readouterr().err
