@@ -45,6 +45,7 @@ from torch import Tensor
 
 from ._views import aligned_view
 from ._wna16_common import finish_split, output_buffers
+from .w4a8_gemv import _split4
 from .wna16_gemv_words import act_pairs
 
 
@@ -86,15 +87,6 @@ def _lane_and_warp(e, ASM: tl.constexpr):
         return lane, tid // 32
     else:
         return e % 32, e // 32
-
-
-@triton.jit
-def _split4(t):
-    """``[E, 4]`` -> its 4 columns (``[E]`` each)."""
-    a, b = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
-    t0, t2 = tl.split(a)
-    t1, t3 = tl.split(b)
-    return t0, t1, t2, t3
 
 
 @triton.jit
