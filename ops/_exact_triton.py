@@ -73,12 +73,19 @@ def exp_f32(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def bf16_rne_f32(x):
+    """float32 ``x`` rounded to the nearest bf16 (ties to even), still as float32: integer bit
+    ops, so the interpreter rounds as the GPU's ``cvt.rn`` / ``fma.rn.bf16x2`` do."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + (((bits >> 16) & 1) + 0x7FFF)
+    return (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def to_act_dtype(x, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """float32 -> ``DTYPE`` (fp16 / bf16) with round-to-nearest-even, like torch's ``.to``."""
     if INTERPRET and DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + (((bits >> 16) & 1) + 0x7FFF)
-        x = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+        x = bf16_rne_f32(x)
     return x.to(DTYPE)
 
 

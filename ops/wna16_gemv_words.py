@@ -82,6 +82,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._exact_triton import bf16_rne_f32
 from ._views import aligned_view
 from ._wna16_common import output_buffers, store_row
 
@@ -140,14 +141,6 @@ def act_pairs(xa, xb, xc, xd, ASM: tl.constexpr):
 
 
 @triton.jit
-def _bf16_rne(v):
-    """float32 ``v`` rounded to the nearest bf16 (ties to even), as float32 (integer bit ops, so
-    the interpreter rounds as the GPU's ``fma.rn.bf16x2`` does)."""
-    b = v.to(tl.uint32, bitcast=True)
-    return ((b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _lane_fma(acc_lo, acc_hi, words, q_minus, xp, SHIFT: tl.constexpr):
     """The interpreter's spelling of one pair step of :func:`_word_dot_ptx`: codes t and t + 4
     (``SHIFT`` = 4t) minus z times their activations, each lane rounded to bf16."""
@@ -155,7 +148,7 @@ def _lane_fma(acc_lo, acc_hi, words, q_minus, xp, SHIFT: tl.constexpr):
     u_hi = ((words >> (SHIFT + 16)) & 15).to(tl.float32)
     x_lo = (xp << 16).to(tl.float32, bitcast=True)
     x_hi = (xp & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return _bf16_rne((u_lo + q_minus) * x_lo + acc_lo), _bf16_rne((u_hi + q_minus) * x_hi + acc_hi)
+    return bf16_rne_f32((u_lo + q_minus) * x_lo + acc_lo), bf16_rne_f32((u_hi + q_minus) * x_hi + acc_hi)
 
 
 @triton.jit
