@@ -5,9 +5,9 @@ A config is a dict whose ``"kernel"`` names the family:
 * ``"gemv_words"`` (4- and 8-bit, M bucket <= 2): CUDA-core GEMV reading int32 words, ~3
   instructions per code (ops/wna16_gemv_words.py); the measured M = 1 choice on the H200
   (W8A16 1.47-1.74x bf16). With ``HFMA2`` (4-bit, bf16; each word pair's products summed in
-  bf16 lanes first, ~2 instructions per code) the shipped W4A16 bf16 M = 1 pick (g128 and
-  per-channel) on all five shapes: 2.08-2.71x bf16 (eleventh session; ``QFUSE_FP32_ACCUMULATE=1``
-  turns it off);
+  bf16 lanes first, ~2 instructions per code) the shipped W4A16 bf16 pick at M = 1 (every group
+  size) on all five shapes, and at M = 2 where it measured faster than ``mma_words``: 2.45-2.91x
+  bf16 at M = 1, g128 (thirteenth session; ``QFUSE_FP32_ACCUMULATE=1`` turns it off);
 * ``"mma_gemv"`` (4-bit, M bucket <= 2, K % 128 == 0, group -1 or a multiple of 128): the
   weights as ``mma.sync``'s A operand by inline PTX (ops/w4a16_mma_gemv.py); opt-in
   (:func:`is_experimental`): right, but slower than the HFMA2 word GEMV on the H200;
@@ -101,17 +101,14 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # split 4: 20.9 us with cap 80 against 19.7), so they stay opt-in.
         if bits == 4 and dtype == torch.bfloat16:
             # HFMA2 = 2: each word pair's 16 products summed in two bf16x2 lanes before float32,
-            # ~5.6-6.1 SASS instructions per weight byte against 7.4-8.2 (HFMA2 = 1, per word, is
-            # the launcher's fallback for tiles of an odd word count: 1.5-21 % slower, run 2)
+            # the tile loaded as [BLOCK_N, BLOCK_W] blocks: 4.95 SASS instructions per weight byte
+            # at 32 x 128 g128 (4.73 per-channel) against 7.4-8.2 for the float32 form (HFMA2 = 1,
+            # per word, is the launcher's fallback for tiles of an odd word count)
             plain = [c for c in cands if c["kernel"] == "gemv_words"]
             for bn, bw, warps in ((32, 128, 4), (16, 256, 4), (8, 128, 2), (8, 256, 4), (8, 512, 4), (16, 128, 2)):  # more rows or longer runs per thread
                 for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), _cdiv(n, bn) * m, sms):
                     plain.append({"kernel": "gemv_words", "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
             cands += [{**c, "HFMA2": 2} for c in plain]
-            # Opt-in (is_experimental) until the GPU tests have run on it: the same tiles loaded
-            # as [BLOCK_N, BLOCK_W] blocks (WORD_COLUMNS; ops/wna16_gemv_words.py), 11-14 % faster
-            # at g128 on the H200 (twelfth session, best tile of each layout at M = 1)
-            cands += [{**c, "HFMA2": 2, "WORD_COLUMNS": 1} for c in plain]
         for bn, bw, warps in shapes[:5]:
             for cap in (80, 64):
                 for sp in (4, 1):
@@ -372,8 +369,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
-    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), the HFMA2 word GEMV's
-    ``WORD_COLUMNS`` tiles (faster on the H200, not yet through the GPU tests), ``TAIL_SPLIT`` (right on the H200,
+    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the H200,
     never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to
@@ -383,7 +379,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     fault lies in the compiled code; its cause is not established. :func:`candidate_configs` no
     longer offers those two forms; the 4-warp 8-bit tiles were right in every check and stay
     opt-in until the cause is known."""
-    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or "WORD_COLUMNS" in cfg or cfg["kernel"] == "mma_gemv" or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
+    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv" or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:
@@ -398,5 +394,5 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
     if "HFMA2" in cfg and fp32_accumulate():
-        cfg = {key: v for key, v in cfg.items() if key not in ("HFMA2", "WORD_COLUMNS")}
+        cfg = {key: v for key, v in cfg.items() if key != "HFMA2"}
     return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)

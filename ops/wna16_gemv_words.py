@@ -51,10 +51,11 @@ bf16 pairs by inline PTX (:func:`_word_dot_ptx`) before float32. Per word, for t
 
 The activation pairs ``(x[t], x[t + 4])`` are built once per word column (one PRMT each) and
 shared by the tile's rows. ~2 instructions per code (SHF, LOP3, packed FMA, packed FMA for
-two codes) against ~3: 5.6-6.1 SASS instructions per weight byte at g128 against 7.4-8.2
-(sm_90, triton 3.7.1; 6.0-6.3 with triton 3.6). On the H200 at M = 1 (g128, eleventh session)
-it is 24-39 % faster than the float32 form on all five shapes (28672x4096: 21.5 against 30.2
-us, 2.61-2.71x bf16). The cost is accuracy: each lane sum is rounded to bf16 after every
+two codes) against ~3: 5.6-6.1 SASS instructions per weight byte at g128 against 7.4-8.2 in
+the float32 form's tile layout (sm_90, triton 3.7.1; 6.0-6.3 with triton 3.6), 4.7-5.0 in its
+own (below). On the H200 at M = 1, g128, the best tile of each form (thirteenth session tune):
+28-34 % less time than the float32 form on all five shapes (28672x4096: 20.6 against 30.8 us),
+2.45-2.91x bf16. The cost is accuracy: each lane sum is rounded to bf16 after every
 product, 8 products per lane. Against the exact (float64) product of x and w_hat over 32 cases
 (4 shapes, g128 / per-channel, with and without zero points, plain and outlier activations),
 the rms error was 1.4-2.0x the reference kernel's own (which rounds w_hat to bf16) and the max
@@ -63,10 +64,11 @@ error 1.0-1.8x; the float32 form's rms error was 0.6-0.85x (BENCHMARKS.md). ``QF
 fp16 lane sum would overflow past |x| ~ 1e3, inside an LLM's activation range. 8-bit codes do
 not fit a bf16 mantissa with the magic-number trick (128 + u needs u < 128).
 
-With ``WORD_COLUMNS`` (opt-in until the GPU tests have run on it) the HFMA2 tile is loaded as
-one ``[BLOCK_N, BLOCK_W]`` block: the same products and sums, laid out so that a thread holds
-one word column of several rows and loads its activations once (11-14 % faster at g128 on the
-H200, twelfth session; the reason in the kernel's comment).
+The HFMA2 tile is loaded as one ``[BLOCK_N, BLOCK_W]`` block, so that a thread holds one word
+column of several rows and loads its activations once: 4.95 SASS instructions per weight byte
+at 32 x 128 g128 (4.73 per-channel) against 5.62 (5.35) for the same sums over the float32
+form's 3D ``[BLOCK_N, NG, WPG]`` tile, and 11-14 % faster at g128 on the H200 (twelfth
+session; the reason in the kernel's comment).
 
 One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
 partial of a split goes through the shared deterministic single-launch split-K reduction
@@ -206,14 +208,14 @@ def _halves(t):
 # 8-bit has half the codes (activations) per word, so there the 16-byte loads win: VEC = 4
 # (row starts and tile starts are multiples of 4 words, set by the launcher where true) gives
 # each thread 4 words of 8 rows at BLOCK_N=128, BLOCK_W=32: 4.36 against 4.73 instructions
-# per byte, 125 against 255 registers. The HFMA2 form's WORD_COLUMNS tiles also take VEC = 4:
-# their activation pairs are loaded per word column, not per code (see the kernel's comment).
+# per byte, 125 against 255 registers. The HFMA2 form's tiles also take VEC = 4: their
+# activation pairs are loaded per word column, not per code (see the kernel's comment).
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr, WORD_COLUMNS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr,
     ASM: tl.constexpr,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
@@ -242,21 +244,19 @@ def _wna16_gemv_words_kernel(
             z = tl.load(z_ptr + rn[:, None] * G).to(tl.float32)
     else:
         z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
-    if HFMA2 and WORD_COLUMNS:
-        # WORD_COLUMNS: the tile is loaded as one [BLOCK_N, BLOCK_W] block, contiguous along
-        # its rows, then reshaped to [BLOCK_N, NG, WPG] (free: the same registers). Triton lays
-        # a load out by contiguity, so a warp reads runs of a row and each thread holds one
-        # 4-word column for several rows (8 at 32 x 128 / 4 warps): one 16-byte load (VEC = 4)
-        # per row, and that column's activations once. Loaded as a 3D [BLOCK_N, NG, WPG] tile
-        # (below) the layout depends on how Triton breaks the tie between the two
-        # non-contiguous dimensions: triton 3.6 gives each thread 4 words of each of NG groups
-        # of one row, so at 32 x 128 g128 (sm_90) a loop iteration takes 32 4-byte word loads
-        # and the activations of 32 columns through shared memory (8 STS.128 + 8 LDS.128),
-        # against 8 LDG.128 and 4 LDG.32 here: 5.62 against 4.95 SASS instructions per weight
-        # byte (the same 4.95 with triton 3.7.1). On the H200 at M = 1, bf16, the best tile of
-        # each layout: 11-14 % faster at g128, 5 % per-channel (twelfth session; 8192x8192
-        # g128 13.63 against 15.37 us; the timed g128 code loaded its scales in another layout,
-        # 5.04 per byte). Opt-in (ops/wna16_dispatch.py) until the GPU tests have run on it.
+    if HFMA2:
+        # The tile is loaded as one [BLOCK_N, BLOCK_W] block, contiguous along its rows, then
+        # reshaped to [BLOCK_N, NG, WPG] (free: the same registers). Triton lays a load out by
+        # contiguity, so a warp reads runs of a row and each thread holds one 4-word column for
+        # several rows (8 at 32 x 128 / 4 warps): one 16-byte load (VEC = 4) per row, and that
+        # column's activations once. Loaded as a 3D [BLOCK_N, NG, WPG] tile (as the float32 form
+        # below) the layout depends on how Triton breaks the tie between the two non-contiguous
+        # dimensions: triton 3.6 gives each thread 4 words of each of NG groups of one row, so at
+        # 32 x 128 g128 (sm_90) a loop iteration takes 32 4-byte word loads and the activations of
+        # 32 columns through shared memory (8 STS.128 + 8 LDS.128), against 8 LDG.128 and 4
+        # LDG.32 here: 5.62 against 4.95 SASS instructions per weight byte (the same 4.95 with
+        # triton 3.7.1). On the H200 at M = 1, bf16, the best tile of each layout: 11-14 % faster
+        # at g128, 5 % per-channel (twelfth session; 8192x8192 g128 13.63 against 15.37 us).
         cols = tl.arange(0, BLOCK_W)
         # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
         if HAS_ZEROS and GROUP < 0:
@@ -288,64 +288,37 @@ def _wna16_gemv_words_kernel(
                 acc += word_dot_bf16x2(words, negz_t, x04, x15, x26, x37, HFMA2, ASM)
         res = tl.sum(tl.sum(acc, axis=2), axis=1)
     else:
-        acc = tl.zeros((BLOCK_N, NG, WPG // max(HFMA2, 1)), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
-        if HFMA2:
-            # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
-            if HAS_ZEROS and GROUP < 0:
-                negz = (tl.load(z_ptr + rn[:, None] * G).to(tl.uint32) + 0xC300) * 0x10001
-            else:
-                negz = tl.full((BLOCK_N, 1), 0xC308C308, tl.uint32)
-            xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
+        acc = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32)
         for it in range(0, W_PER_SPLIT // BLOCK_W):
             w0 = w_start + it * BLOCK_W
             if VEC > 1:
                 w0 = tl.multiple_of(w0, VEC)
             ow = w0 + ow_tile
             words = tl.load(qw_ptr + row[:, None, None] + ow[None, :, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-            if HFMA2:
-                # the word's activations as pairs (x[t], x[t + 4]) from its 4 int32 pairs a b c d =
-                # (x0 x1) (x2 x3) (x4 x5) (x6 x7): once per column, shared by the tile's rows
-                xq = tl.load(xw_row + (ow * 4)[:, :, None] + tl.arange(0, 4)[None, None, :], eviction_policy="evict_last")  # one 16-byte load
-                x_ac, x_bd = tl.split(tl.reshape(xq, (NG, WPG, 2, 2)))
-                xa, xc = tl.split(x_ac)
-                xb, xd = tl.split(x_bd)
-                x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
-                negz_t = negz[:, :, None]
-                if GROUP > 0:
-                    g = (w0 * CPW) // GROUP
-                    s = tl.load(s_ptr + sg + g).to(tl.float32)
-                    if HAS_ZEROS:
-                        negz_t = ((tl.load(z_ptr + sg + g).to(tl.uint32) + 0xC300) * 0x10001)[:, :, None]
-                part = word_dot_bf16x2(words, negz_t, x04[None, :, :], x15[None, :, :], x26[None, :, :], x37[None, :, :], HFMA2, ASM)
-                if GROUP > 0:
-                    acc += part * s[:, :, None]
-                else:
-                    acc += part
+            if GROUP > 0:
+                g = (w0 * CPW) // GROUP
+                s = tl.load(s_ptr + sg + g).to(tl.float32)
+                if HAS_ZEROS:
+                    z = tl.load(z_ptr + sg + g).to(tl.float32)
+            # per-channel: straight into acc (a separate tile sum costs one FADD per word:
+            # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
+            t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
+            for h in tl.static_range(2):
+                half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
+                for j in tl.static_range(CPH):
+                    # Code j stays in place (bits BITS*j..): the exponent trick then yields
+                    # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
+                    # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
+                    # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
+                    # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
+                    # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
+                    cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
+                    xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
+                    t += cj * xj[None, :, :]
+            if GROUP > 0:
+                acc += t * s[:, :, None]
             else:
-                if GROUP > 0:
-                    g = (w0 * CPW) // GROUP
-                    s = tl.load(s_ptr + sg + g).to(tl.float32)
-                    if HAS_ZEROS:
-                        z = tl.load(z_ptr + sg + g).to(tl.float32)
-                # per-channel: straight into acc (a separate tile sum costs one FADD per word:
-                # 8-bit BLOCK_N=128, BLOCK_W=32 loop 534 -> 502 instructions)
-                t = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32) if GROUP > 0 else acc
-                for h in tl.static_range(2):
-                    half = words if h == 0 else words >> 16  # codes CPH*h .. CPH*h + CPH-1 in bits 0..15
-                    for j in tl.static_range(CPH):
-                        # Code j stays in place (bits BITS*j..): the exponent trick then yields
-                        # 2**23 + u * 2**(BITS*j), exact, with one LOP3 (mask and magic are constants;
-                        # a shift + mask would compile to a bit-field extract, SHF + SGXT + LOP3).
-                        # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
-                        # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
-                        # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
-                        cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
-                        xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
-                        t += cj * xj[None, :, :]
-                if GROUP > 0:
-                    acc += t * s[:, :, None]
-                else:
-                    acc = t
+                acc = t
         res = tl.sum(tl.sum(acc, axis=2), axis=1)
     store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m,
               pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
@@ -377,8 +350,7 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
 def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
-    word's products summed in bf16x2 lanes), WORD_COLUMNS (optional, with HFMA2: the tile loaded
-    as one [BLOCK_N, BLOCK_W] block)} (arguments already checked)."""
+    word's products summed in bf16x2 lanes)} (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
     cpw = 32 // bits
@@ -397,10 +369,7 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
     while split_k > 1 and kw % (split_k * block_w):  # whole tiles per split
         split_k -= 1
     w_per_split = kw // split_k
-    word_columns = bool(cfg.get("WORD_COLUMNS", 0))
-    if word_columns and not hfma2:
-        raise ValueError("wna16_gemv_words: WORD_COLUMNS is a layout of the HFMA2 form; the config has no HFMA2")
-    vec = 4 if (bits == 8 or word_columns) and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
+    vec = 4 if (bits == 8 or hfma2) and kw % 4 == 0 and block_w % 4 == 0 else 1  # see the kernel's comment
     wpg = min(block_w, group_size // cpw) if group_size > 0 else block_w  # words per group in a tile (the kernel's WPG)
     if hfma2 == 2 and wpg % 2:  # word pairs need an even count
         hfma2 = 1
@@ -411,6 +380,6 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, WORD_COLUMNS=word_columns, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out

@@ -7,7 +7,7 @@ Every word-GEMV config is first checked against the reference kernel (symmetric 
 points) on the real shape. The baseline column runs whatever config the given JSON ships for
 that key (default: the shipped ops/tuned/wna16_gemm.NVIDIA_H200.json). The configs timed are the
 dispatcher's ``gemv_words`` candidates for M = 1 with bf16 activations (ops/wna16_dispatch.py;
-4-bit: the HFMA2 forms too; the opt-in register caps and WORD_COLUMNS tiles with ``--experimental``), at every M given.
+4-bit: the HFMA2 forms too; the opt-in register caps with ``--experimental``), at every M given.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="weight widths (default: both)")
     p.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="N x K weight shapes")
     p.add_argument("--group", type=int, default=GROUP, help="group size (-1: per-channel; tinygemm only at 128)")
-    p.add_argument("--experimental", action="store_true", help="also time the opt-in configs (register caps, the HFMA2 WORD_COLUMNS tiles)")
+    p.add_argument("--experimental", action="store_true", help="also time the opt-in configs (register caps)")
     p.add_argument("--baseline-json", type=Path, default=Path(__file__).resolve().parents[2] / "ops/tuned/wna16_gemm.NVIDIA_H200.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -95,22 +95,22 @@ def main(argv: list[str] | None = None) -> int:
                     r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
                 for c in cfgs:
                     label = f"words_bn{c['BLOCK_N']}_bw{c['BLOCK_W']}_sk{c['SPLIT_K']}_w{c['num_warps']}" + \
-                            (f"_h{c['HFMA2']}" if "HFMA2" in c else "") + ("_wc" if c.get("WORD_COLUMNS") else "") + \
+                            (f"_h{c['HFMA2']}" if "HFMA2" in c else "") + \
                             (f"_r{c['MAXNREG']}" if "MAXNREG" in c else "")
                     r[label] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, bits, group, c) for w in ws])
                 words = {kk: v for kk, v in r.items() if kk.startswith("words")}
                 best = min(words, key=words.get)
                 r.update(words_best=words[best], words_best_cfg=best, floor=nbytes / bw * 1e6)
-                # the best of each accumulation form (and HFMA2 tile layout)
-                for form, hfma2, word_columns in (("f32", False, False), ("hfma2", True, False), ("hfma2_wc", True, True)):
-                    times = [v for kk, v in words.items() if ("_h" in kk) == hfma2 and ("_wc" in kk) == word_columns]
+                # the best of each accumulation form
+                for form, hfma2 in (("f32", False), ("hfma2", True)):
+                    times = [v for kk, v in words.items() if ("_h" in kk) == hfma2]
                     if times:
                         r[f"best_{form}"] = min(times)
                 rows.append(r)
                 tiny = f"{r['tinygemm']:.1f}" if "tinygemm" in r else "-"
                 print(f"{n}x{k} W{bits} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
                       f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
-                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}  " + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "hfma2", "hfma2_wc") if f"best_{f}" in r), flush=True)
+                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}  " + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "hfma2") if f"best_{f}" in r), flush=True)
             del ws, tg
     write_csv(rows, args.out / ("gemv_words.csv" if group == GROUP else f"gemv_words_g{group}.csv"))
     return 0

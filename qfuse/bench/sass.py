@@ -38,8 +38,8 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
                "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32", "MAGIC_BITS": "i32", "CODE_MASK": "i32"}
         consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"],
-                      VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("WORD_COLUMNS")) and cfg["BLOCK_W"] % 4 == 0 else 1), HFMA2=int(cfg.get("HFMA2", 0)),
-                      WORD_COLUMNS=bool(cfg.get("WORD_COLUMNS", 0)), ASM=True)
+                      VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("HFMA2")) and cfg["BLOCK_W"] % 4 == 0 else 1), HFMA2=int(cfg.get("HFMA2", 0)),
+                      ASM=True)
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
     if kernel == "mma_gemv":
         from qfuse.ops.w4a16_mma_gemv import _w4a16_mma_gemv_kernel as fn

@@ -152,88 +152,69 @@ def test_gemv_words_tile_spanning_groups(bits, group_size, block_w):
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
-# the HFMA2 form's two tile layouts: a [BLOCK_N, NG, WPG] load and the opt-in WORD_COLUMNS [BLOCK_N, BLOCK_W] block
-LAYOUTS = [{}, {"WORD_COLUMNS": 1}]
-
-
 @pytest.mark.parametrize("group_size", [-1, 32, 128])
 @pytest.mark.parametrize("hfma2", [1, 2])
 @pytest.mark.parametrize("m,split_k,asym", [(1, 1, False), (2, 2, True), (1, 4, True)])
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rows_first", "word_columns"])
-def test_gemv_words_hfma2_interpreter(group_size, hfma2, m, split_k, asym, layout):
+def test_gemv_words_hfma2_interpreter(group_size, hfma2, m, split_k, asym):
     # the packed-bf16 form (4-bit, bf16): each word's (or word pair's) products in two bf16 lanes;
     # the interpreter rounds each lane FMA to bf16 as the GPU's fma.rn.bf16x2 does
     x, qw, s, z, b = make_problem(m, 40, 512, 4, group_size, torch.bfloat16, asym=asym, bias=m == 2)
-    out = wna16_gemv_words(x, qw, s, z, b, 4, group_size, {**_cfg(4, split_k), "HFMA2": hfma2, **layout})
+    out = wna16_gemv_words(x, qw, s, z, b, 4, group_size, {**_cfg(4, split_k), "HFMA2": hfma2})
     assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
 
 
 @pytest.mark.parametrize("group_size,block_n,block_w", [(32, 8, 32), (64, 4, 64), (-1, 8, 16), (128, 8, 64)])
-def test_gemv_words_word_columns_tiles(group_size, block_n, block_w):
-    # WORD_COLUMNS tiles of several groups (NG = 8, 8, 1, 1) and rows, each group with its scale
+def test_gemv_words_hfma2_tiles_of_several_groups(group_size, block_n, block_w):
+    # HFMA2 tiles of several groups (NG = 8, 8, 1, 1) and rows, each group with its scale
     # and zero point; 40 rows, so the last tile recomputes rows past N
     x, qw, s, z, b = make_problem(2, 40, 1024, 4, group_size, torch.bfloat16, asym=True, bias=True)
-    cfg = {"BLOCK_N": block_n, "BLOCK_W": block_w, "SPLIT_K": 2, "num_warps": 4, "HFMA2": 2, "WORD_COLUMNS": 1}
+    cfg = {"BLOCK_N": block_n, "BLOCK_W": block_w, "SPLIT_K": 2, "num_warps": 4, "HFMA2": 2}
     assert_close_to_ref(wna16_gemv_words(x, qw, s, z, b, 4, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rows_first", "word_columns"])
-def test_gemv_words_hfma2_extreme_codes_and_odd_words(layout):
+def test_gemv_words_hfma2_extreme_codes_and_odd_words():
     # codes 0 / 15 against zero points at the other end: |u - z| = 15 in every lane position
     x, _, s, _, _ = make_problem(2, 16, 256, 4, 32, torch.bfloat16, asym=False, bias=False)
     codes = torch.randint(0, 2, (16, 256), dtype=torch.uint8) * 15
     z = (15 - codes[:, ::32]).contiguous()
-    out = wna16_gemv_words(x, _pack(codes, 4), s, z, None, 4, 32, {**_cfg(4, 2), "HFMA2": 2, **layout})
+    out = wna16_gemv_words(x, _pack(codes, 4), s, z, None, 4, 32, {**_cfg(4, 2), "HFMA2": 2})
     assert_close_to_ref(out, x, _pack(codes, 4), s, z, None, 4, 32)
     # K = 40: 5 words per row, so tiles of one word; word pairs fall back to single words
     x, qw, s, z, b = make_problem(1, 20, 40, 4, -1, torch.bfloat16, asym=True, bias=True)
-    out = wna16_gemv_words(x, qw, s, z, b, 4, -1, {"BLOCK_N": 16, "BLOCK_W": 8, "SPLIT_K": 1, "HFMA2": 2, **layout})
+    out = wna16_gemv_words(x, qw, s, z, b, 4, -1, {"BLOCK_N": 16, "BLOCK_W": 8, "SPLIT_K": 1, "HFMA2": 2})
     assert_close_to_ref(out, x, qw, s, z, b, 4, -1)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rows_first", "word_columns"])
-def test_gemv_words_hfma2_activations_at_an_odd_element(layout):
+def test_gemv_words_hfma2_activations_at_an_odd_element():
     """Activations that start 2 bytes into their storage (a view) still run: HFMA2 reads them as
     int32 pairs, so the launcher copies such a view first."""
     x, qw, s, z, b = make_problem(1, 16, 256, 4, 128, torch.bfloat16, asym=True, bias=False)
     shifted = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
     shifted.copy_(x)
     assert shifted.data_ptr() % 4
-    out = wna16_gemv_words(shifted, qw, s, z, b, 4, 128, {**_cfg(4, 1), "HFMA2": 2, **layout})
+    out = wna16_gemv_words(shifted, qw, s, z, b, 4, 128, {**_cfg(4, 1), "HFMA2": 2})
     assert_close_to_ref(out, x, qw, s, z, b, 4, 128)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["rows_first", "word_columns"])
-def test_gemv_words_hfma2_tolerance_catches_a_nibble_swap(layout):
+def test_gemv_words_hfma2_tolerance_catches_a_nibble_swap():
     x, qw, s, z, b = make_problem(1, 32, 256, 4, 64, torch.bfloat16, asym=True, bias=False)
-    out = wna16_gemv_words(x, ((qw >> 4) | (qw << 4)).contiguous(), s, z, b, 4, 64, {**_cfg(4, 1), "HFMA2": 2, **layout})
+    out = wna16_gemv_words(x, ((qw >> 4) | (qw << 4)).contiguous(), s, z, b, 4, 64, {**_cfg(4, 1), "HFMA2": 2})
     with pytest.raises(AssertionError):
         assert_close_to_ref(out, x, qw, s, z, b, 4, 64)
 
 
-def test_word_columns_layout_in_the_sm90_sass(capfd):
-    """The point of WORD_COLUMNS, checked in the compiled loop (sm_90, the installed Triton):
-    a thread's words arrive as 16-byte loads and its activations do not go through shared
-    memory once per word column (the default tile at 32 x 128 g128: 32 4-byte word loads and
-    8 LDS.128 a loop iteration)."""
+def test_hfma2_tile_layout_in_the_sm90_sass(capfd):
+    """The point of the HFMA2 form's [BLOCK_N, BLOCK_W] block load, checked in the compiled loop
+    (sm_90, the installed Triton): a thread's words arrive as 16-byte loads and its activations
+    do not go through shared memory once per word column (a 3D [BLOCK_N, NG, WPG] load of the
+    same tile on triton 3.6: 32 4-byte word loads and 8 LDS.128 a loop iteration)."""
     from qfuse.bench import sass
 
-    def memory(cfg):
-        assert sass.main(["gemv_words", "--bits", "4", "--group", "128", "--config", json.dumps(cfg)]) == 0
-        line = next(li for li in capfd.readouterr().out.splitlines() if li.startswith("memory: "))
-        return dict((name, int(n)) for name, n in (item.rsplit(" ", 1) for item in line.removeprefix("memory: ").split(", ")))
-
-    tile = {"BLOCK_N": 32, "BLOCK_W": 128, "HFMA2": 2, "num_warps": 4}
-    columns, default = memory({**tile, "WORD_COLUMNS": 1}), memory(tile)
-    assert columns.get("LDG.E.EF.128") == 8 and "LDG.E.EF" not in columns, columns  # 8 rows x 16 bytes
-    assert columns.get("LDS.128", 0) <= 4, columns
-    assert default.get("LDS.128", 0) > columns.get("LDS.128", 0) or default.get("LDG.E.EF", 0) > 0, default
-
-
-def test_word_columns_needs_hfma2():
-    x, qw, s, z, b = make_problem(1, 16, 128, 4, -1, torch.bfloat16, asym=False, bias=False)
-    with pytest.raises(ValueError, match="WORD_COLUMNS is a layout of the HFMA2 form"):
-        wna16_gemv_words(x, qw, s, z, b, 4, -1, {**_cfg(4, 1), "WORD_COLUMNS": 1})
+    assert sass.main(["gemv_words", "--bits", "4", "--group", "128", "--config", json.dumps({"BLOCK_N": 32, "BLOCK_W": 128, "HFMA2": 2, "num_warps": 4})]) == 0
+    line = next(li for li in capfd.readouterr().out.splitlines() if li.startswith("memory: "))
+    loads = dict((name, int(n)) for name, n in (item.rsplit(" ", 1) for item in line.removeprefix("memory: ").split(", ")))
+    assert loads.get("LDG.E.EF.128") == 8 and "LDG.E.EF" not in loads, loads  # 8 rows x 16 bytes
+    assert loads.get("LDS.128", 0) <= 4, loads
 
 
 @pytest.mark.parametrize("bits,dtype", [(4, torch.float16), (8, torch.bfloat16)])
@@ -246,15 +227,8 @@ def test_gemv_words_hfma2_rejects_other_widths_and_dtypes(bits, dtype):
 def test_hfma2_candidates_only_for_4bit_bf16(monkeypatch):
     monkeypatch.delenv("QFUSE_FP32_ACCUMULATE", raising=False)
     bf = [c for c in candidate_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16) if "HFMA2" in c]
-    assert bf and all(c["kernel"] == "gemv_words" and c["HFMA2"] == 2 for c in bf)
-    # the WORD_COLUMNS tiles: every HFMA2 tile once more, opt-in
-    assert all(is_experimental(c, 4) == ("WORD_COLUMNS" in c) for c in bf)
-    assert sorted(map(str, [c for c in bf if "WORD_COLUMNS" not in c])) == sorted(str({k: v for k, v in c.items() if k != "WORD_COLUMNS"}) for c in bf if "WORD_COLUMNS" in c)
+    assert bf and all(c["kernel"] == "gemv_words" and c["HFMA2"] == 2 and not is_experimental(c, 4) for c in bf)
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
-    assert not any("WORD_COLUMNS" in c for c in usable_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16))
-    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
-    assert any("WORD_COLUMNS" in c for c in usable_configs(1, 4096, 4096, 4, 128, dtype=torch.bfloat16))
-    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS")
     for bits, dtype in ((4, torch.float16), (4, None), (8, torch.bfloat16)):
         assert not any("HFMA2" in c for c in candidate_configs(1, 4096, 4096, bits, 128, dtype=dtype))
     assert not any("HFMA2" in c for c in candidate_configs(16, 4096, 4096, 4, 128, dtype=torch.bfloat16))  # M bucket > 2
@@ -273,14 +247,14 @@ def test_fp32_accumulate_strips_a_picked_hfma2(monkeypatch):
 
     x, qw, s, z, b = make_problem(1, 40, 256, 4, 128, torch.bfloat16, asym=True, bias=True)
     seen = []
-    monkeypatch.setattr(dispatch, "pick_config", lambda *a, **k: {"kernel": "gemv_words", **_cfg(4, 1), "HFMA2": 2, "WORD_COLUMNS": 1})
+    monkeypatch.setattr(dispatch, "pick_config", lambda *a, **k: {"kernel": "gemv_words", **_cfg(4, 1), "HFMA2": 2})
     monkeypatch.setattr(dispatch, "run_config", lambda cfg, *a: seen.append(cfg))
     monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")
     dispatch.wna16_gemm_triton(x, qw, s, z, b, 4, 128)
     monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "0")
     dispatch.wna16_gemm_triton(x, qw, s, z, b, 4, 128)
-    assert "HFMA2" not in seen[0] and "WORD_COLUMNS" not in seen[0] and seen[1]["HFMA2"] == 2
-    assert {**seen[0], "HFMA2": 2, "WORD_COLUMNS": 1} == seen[1]
+    assert "HFMA2" not in seen[0] and seen[1]["HFMA2"] == 2
+    assert {**seen[0], "HFMA2": 2} == seen[1]
 
 
 # ---------------------------------------------------------------- GPU: real decode shapes
