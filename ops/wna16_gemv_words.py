@@ -29,8 +29,8 @@ weight byte):
     4-bit  BLOCK_N=128 BLOCK_W=16   group 128: 8.23 / 8.84   per-channel: 7.42
     8-bit  BLOCK_N=128 BLOCK_W=32   group 128: 4.36 / 4.52   per-channel: 3.92
     8-bit  BLOCK_N=64  BLOCK_W=32   group 128: 4.97 / 5.44   per-channel: 4.48
-    4-bit  BLOCK_N=32  BLOCK_W=64   group 128: 9.50 / 10.06  per-channel: 7.42  (triton 3.6)
-    8-bit  BLOCK_N=32  BLOCK_W=64   group 128: 5.80 / 6.20   per-channel: 4.48  (triton 3.6)
+    4-bit  BLOCK_N=32  BLOCK_W=64   group 128: 8.39 / 8.84   per-channel: 7.42  (triton 3.6)
+    8-bit  BLOCK_N=32  BLOCK_W=64   group 128: 4.97 / 5.44   per-channel: 4.48  (triton 3.6)
 
 against the byte-wise GEMV (ops/wna16_gemv.py: byte extract, nibble join, per-code scale):
 15-20 for 4-bit and 7.4 for 8-bit (BLOCK_N=32, BLOCK_K=128, its shipped 8-bit M = 1 config).
@@ -66,9 +66,9 @@ not fit a bf16 mantissa with the magic-number trick (128 + u needs u < 128).
 
 The HFMA2 tile is loaded as one ``[BLOCK_N, BLOCK_W]`` block, so that a thread holds one word
 column of several rows and loads its activations once: 4.95 SASS instructions per weight byte
-at 32 x 128 g128 (4.73 per-channel) against 5.62 (5.35) for the same sums over the float32
-form's 3D ``[BLOCK_N, NG, WPG]`` tile, and 11-14 % faster at g128 on the H200 (twelfth
-session; the reason in the kernel's comment).
+at 32 x 128 g128 (4.73 per-channel) against 5.62 (5.35) for the same sums over a 3D
+``[BLOCK_N, NG, WPG]`` tile with triton 3.6, and 11-14 % faster at g128 on the H200 (twelfth
+session; the reason in the kernel's comment). The float32 form loads its tiles the same way.
 
 One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
 partial of a split goes through the shared deterministic single-launch split-K reduction
@@ -233,7 +233,14 @@ def _wna16_gemv_words_kernel(
     row = rn * KW
     if VEC > 1:
         row = tl.multiple_of(row, VEC)
-    ow_tile = tl.arange(0, NG)[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [NG, WPG]: 0 .. BLOCK_W-1
+    # Both forms load a tile as one [BLOCK_N, BLOCK_W] block, contiguous along its rows, and
+    # reshape it to [BLOCK_N, NG, WPG] (free: the same registers). Loaded as a 3D tile, its layout
+    # depends on how Triton breaks the tie between the two non-contiguous dimensions, and triton
+    # 3.6 gives NG > 1 tiles a slow one (see the HFMA2 comment below): float32 form, sm_90, 4-bit
+    # g128 32 x 64 with zero points 10.06 -> 8.84 SASS instructions per weight byte, 64 x 64 /
+    # 8 warps 9.48 -> 8.27; 8-bit g128 64 x 64 4.77 -> 4.36, 32 x 128 / 8 warps 7.92 -> 5.45;
+    # the NG = 1 tiles unchanged; with triton 3.7.1 the same counts either way.
+    cols = tl.arange(0, BLOCK_W)
     if GROUP > 0:
         sg = rn[:, None] * G + tl.arange(0, NG)[None, :]  # [BLOCK_N, NG]: + the tile's first group
 
@@ -245,19 +252,16 @@ def _wna16_gemv_words_kernel(
     else:
         z = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
     if HFMA2:
-        # The tile is loaded as one [BLOCK_N, BLOCK_W] block, contiguous along its rows, then
-        # reshaped to [BLOCK_N, NG, WPG] (free: the same registers). Triton lays a load out by
-        # contiguity, so a warp reads runs of a row and each thread holds one 4-word column for
-        # several rows (8 at 32 x 128 / 4 warps): one 16-byte load (VEC = 4) per row, and that
-        # column's activations once. Loaded as a 3D [BLOCK_N, NG, WPG] tile (as the float32 form
-        # below) the layout depends on how Triton breaks the tie between the two non-contiguous
-        # dimensions: triton 3.6 gives each thread 4 words of each of NG groups of one row, so at
-        # 32 x 128 g128 (sm_90) a loop iteration takes 32 4-byte word loads and the activations of
-        # 32 columns through shared memory (8 STS.128 + 8 LDS.128), against 8 LDG.128 and 4
-        # LDG.32 here: 5.62 against 4.95 SASS instructions per weight byte (the same 4.95 with
-        # triton 3.7.1). On the H200 at M = 1, bf16, the best tile of each layout: 11-14 % faster
-        # at g128, 5 % per-channel (twelfth session; 8192x8192 g128 13.63 against 15.37 us).
-        cols = tl.arange(0, BLOCK_W)
+        # With the tile loaded as one [BLOCK_N, BLOCK_W] block, a warp reads runs of a row and each
+        # thread holds one 4-word column for several rows (8 at 32 x 128 / 4 warps): one 16-byte
+        # load (VEC = 4) per row, and that column's activations once. Loaded as a 3D
+        # [BLOCK_N, NG, WPG] tile, triton 3.6 gives each thread 4 words of each of NG groups of
+        # one row, so at 32 x 128 g128 (sm_90) a loop iteration takes 32 4-byte word loads and the
+        # activations of 32 columns through shared memory (8 STS.128 + 8 LDS.128), against 8
+        # LDG.128 and 4 LDG.32 here: 5.62 against 4.95 SASS instructions per weight byte (the
+        # same 4.95 with triton 3.7.1). On the H200 at M = 1, bf16, the best tile of each layout:
+        # 11-14 % faster at g128, 5 % per-channel (twelfth session; 8192x8192 g128 13.63 against
+        # 15.37 us).
         # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
         if HAS_ZEROS and GROUP < 0:
             negz = ((tl.load(z_ptr + rn * G).to(tl.uint32) + 0xC300) * 0x10001)[:, None, None]
@@ -293,8 +297,9 @@ def _wna16_gemv_words_kernel(
             w0 = w_start + it * BLOCK_W
             if VEC > 1:
                 w0 = tl.multiple_of(w0, VEC)
-            ow = w0 + ow_tile
-            words = tl.load(qw_ptr + row[:, None, None] + ow[None, :, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+            ow = w0 + cols
+            words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+            words = tl.reshape(words, (BLOCK_N, NG, WPG))
             if GROUP > 0:
                 g = (w0 * CPW) // GROUP
                 s = tl.load(s_ptr + sg + g).to(tl.float32)
@@ -314,7 +319,7 @@ def _wna16_gemv_words_kernel(
                     # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
                     cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
                     xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
-                    t += cj * xj[None, :, :]
+                    t += cj * tl.reshape(xj, (1, NG, WPG))
             if GROUP > 0:
                 acc += t * s[:, :, None]
             else:
