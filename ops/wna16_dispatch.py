@@ -29,7 +29,7 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200; 8-bit and ``TAIL_SPLIT`` are opt-in (:func:`is_experimental`);
+  M = 64-2048 on the H200; 8-bit, ``TAIL_SPLIT`` and ``WARP_SPECIALIZE`` are opt-in (:func:`is_experimental`);
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -174,6 +174,21 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             if mb >= 256 and bm == 256 and bits == 4:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
+        if bits == 4:
+            # Opt-in (is_experimental), not yet run on a GPU: the same loop warp-specialized by
+            # Triton (tl.range warp_specialize): one producer warpgroup issuing the TMA loads, two
+            # consumer warpgroups dequantizing and running wgmma, as cuBLAS's kernel is split. ncu
+            # (thirteenth session run 5) put the plain tiles' tensor pipe at 62-72 % busy at M >= 256
+            # against cuBLAS's 81-91 %, with dequantization and wgmma taking turns in the same warps.
+            # Compiles for sm_90 (SETMAXNREG, 1 + 2 partitions) with triton 3.6 and 3.7.1 only with
+            # 64-row weight tiles and 4 warps: 128-row tiles fail in the pass, 256-token tiles and
+            # 8 warps come out unspecialized.
+            for bm, bk, stages in ((64, 64, 4), (64, 128, 3)) + (((128, 64, 4), (128, 64, 3), (128, 128, 3)) if mb >= 128 else ()):
+                bk = min(bk, gk)
+                split = _split_for(_cdiv(m, bm) * _cdiv(n, 64), k, bk, sms)
+                for sp in [s for s in (1, 2, 4) if s <= split]:
+                    cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
+                                  "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
@@ -370,7 +385,8 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the H200,
-    never the fastest) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
+    never the fastest), the warp-specialized TMA tiles (``WARP_SPECIALIZE``: compiled, never run on
+    a GPU yet) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
     8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
     right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to
     a third of the output's range, deterministic, not the sum of either K half, some inf / NaN;
@@ -379,7 +395,8 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     fault lies in the compiled code; its cause is not established. :func:`candidate_configs` no
     longer offers those two forms; the 4-warp 8-bit tiles were right in every check and stay
     opt-in until the cause is known."""
-    return "MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv" or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg))
+    return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
+            or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg or "WARP_SPECIALIZE" in cfg)))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:
