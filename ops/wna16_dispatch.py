@@ -29,7 +29,8 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200; 8-bit, ``TAIL_SPLIT`` and ``WARP_SPECIALIZE`` are opt-in (:func:`is_experimental`);
+  M = 64-2048 on the H200; 8-bit, ``TAIL_SPLIT`` and ``WARP_SPECIALIZE`` are opt-in (:func:`is_experimental`),
+  and so are warp-specialized tiles of 16 / 32 tokens at M bucket 16 / 32;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -189,6 +190,15 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                 for sp in [s for s in (1, 2, 4) if s <= split]:
                     cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
                                   "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
+    if bits == 4 and mb in (16, 32) and tma_supported(k, bits):
+        # Opt-in, not yet run on a GPU: warp-specialized TMA tiles of 16 / 32 tokens (see above), for
+        # the decode M where `mma_words` is latency-bound (ncu, eighth session: 1.8 active warps per
+        # scheduler; `mma_words` itself does not specialize: its pointer-fed loop fails in the pass)
+        for bk, stages in sorted({(min(128, gk), 4), (min(128, gk), 3), (min(256, gk), 3)}):
+            split = _split_for(_cdiv(n, 64), k, bk, sms)
+            for sp in sorted({1, split}):
+                cands.append({"kernel": "tiled_tma", "BLOCK_M": mb, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
+                              "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):

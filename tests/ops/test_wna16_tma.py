@@ -113,7 +113,7 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
         return [c for c in cands if c["kernel"] == "tiled_tma"]
 
     assert tma(256, 4096) and tma(4096, 4096) and tma(64, 4096) and tma(256, 4096, bits=8)
-    assert not tma(32, 4096) and not tma(256, 4080) and not tma(256, 4088, bits=8)
+    assert not [c for c in tma(32, 4096) if "WARP_SPECIALIZE" not in c] and not tma(256, 4080) and not tma(256, 4088, bits=8)
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
     # measured on the H200: 4-bit from M bucket 64; 8-bit only opt-in (wrong results in some compiled configs)
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
@@ -130,6 +130,12 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert ws and all(is_experimental(c, 4) and c["BLOCK_N"] == 64 and c["num_warps"] == 4 for c in ws)
     assert {c["BLOCK_M"] for c in ws} == {64, 128} and {c["BLOCK_M"] for c in tma(64, 4096) if "WARP_SPECIALIZE" in c} == {64}
     assert not any("WARP_SPECIALIZE" in c for c in tma(256, 4096, bits=8) + tma(256, 4096, usable=True))
+    # and at the decode M bucket 16 / 32, where no plain TMA tile is offered: token tiles of M's bucket
+    for m in (16, 32):
+        small = tma(m, 4096)
+        assert small and all("WARP_SPECIALIZE" in c and c["BLOCK_M"] == m and is_experimental(c, 4) for c in small)
+        assert not tma(m, 4096, usable=True) and not tma(m, 4096, bits=8)
+    assert not tma(8, 4096)
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
     assert tma(256, 4096, bits=8, usable=True) and any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
     assert any("WARP_SPECIALIZE" in c for c in tma(256, 4096, usable=True))
@@ -183,9 +189,9 @@ GPU_QUANT = [(-1, torch.bfloat16, True), (32, torch.float16, False), (64, torch.
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size,dtype,asym", GPU_QUANT)
 def test_gpu_every_config(bits, group_size, dtype, asym):
-    """Every config the dispatcher offers for this family (opt-in ones too), at M = 64 to prefill
-    and odd shapes (N % 16 != 0)."""
-    for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944)), (50, (4096, 4096))):
+    """Every config the dispatcher offers for this family (opt-in ones too), at M = 16 (the
+    warp-specialized decode tiles), M = 64 to prefill and odd shapes (N % 16 != 0)."""
+    for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944)), (50, (4096, 4096)), (16, (4096, 4096))):
         x, qw, s, z, b = make_problem(m, n, k, bits, group_size, dtype, asym, bias=m % 2 == 0, device="cuda")
         for cfg in candidate_configs(m, n, k, bits, group_size):
             if cfg["kernel"] == "tiled_tma":
