@@ -175,21 +175,20 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             if mb >= 256 and bm == 256 and bits == 4:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
-        if bits == 4:
-            # Opt-in (is_experimental), not yet run on a GPU: the same loop warp-specialized by
-            # Triton (tl.range warp_specialize): one producer warpgroup issuing the TMA loads, two
-            # consumer warpgroups dequantizing and running wgmma, as cuBLAS's kernel is split. ncu
-            # (thirteenth session run 5) put the plain tiles' tensor pipe at 62-72 % busy at M >= 256
-            # against cuBLAS's 81-91 %, with dequantization and wgmma taking turns in the same warps.
-            # Compiles for sm_90 (SETMAXNREG, 1 + 2 partitions) with triton 3.6 and 3.7.1 only with
-            # 64-row weight tiles and 4 warps: 128-row tiles fail in the pass, 256-token tiles and
-            # 8 warps come out unspecialized.
-            for bm, bk, stages in ((64, 64, 4), (64, 128, 3)) + (((128, 64, 4), (128, 64, 3), (128, 128, 3)) if mb >= 128 else ()):
-                bk = min(bk, gk)
-                split = _split_for(_cdiv(m, bm) * _cdiv(n, 64), k, bk, sms)
-                for sp in [s for s in (1, 2, 4) if s <= split]:
-                    cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
-                                  "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
+        # Opt-in (is_experimental), not yet run on a GPU, both widths: the same loop warp-specialized by
+        # Triton (tl.range warp_specialize): one producer warpgroup issuing the TMA loads, two
+        # consumer warpgroups dequantizing and running wgmma, as cuBLAS's kernel is split. ncu
+        # (thirteenth session run 5) put the plain tiles' tensor pipe at 62-72 % busy at M >= 256
+        # against cuBLAS's 81-91 %, with dequantization and wgmma taking turns in the same warps.
+        # Compiles for sm_90 (SETMAXNREG, 1 + 2 partitions) with triton 3.6 and 3.7.1 only with
+        # 64-row weight tiles and 4 warps: 128-row and 256-token tiles fail to compile, 8 warps
+        # come out unspecialized.
+        for bm, bk, stages in ((64, 64, 4), (64, 128, 3)) + (((128, 64, 4), (128, 64, 3), (128, 128, 3)) if mb >= 128 else ()):
+            bk = min(bk, gk)
+            split = _split_for(_cdiv(m, bm) * _cdiv(n, 64), k, bk, sms)
+            for sp in [s for s in (1, 2, 4) if s <= split]:
+                cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
+                              "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
     if bits == 4 and mb in (16, 32) and tma_supported(k, bits):
         # Opt-in, not yet run on a GPU: warp-specialized TMA tiles of 16 / 32 tokens (see above), for
         # the decode M where `mma_words` is latency-bound (ncu, eighth session: 1.8 active warps per

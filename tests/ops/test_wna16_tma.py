@@ -47,13 +47,13 @@ def test_interpreter_tail_split(bits, group_size, asym, wave, tail_split):
         assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
 
 
-@pytest.mark.parametrize("group_size,asym,split_k", [(128, True, 1), (-1, False, 2), (32, True, 1)])
-def test_interpreter_warp_specialize_config(group_size, asym, split_k):
+@pytest.mark.parametrize("bits,group_size,asym,split_k", [(4, 128, True, 1), (4, -1, False, 2), (4, 32, True, 1), (8, 64, True, 2)])
+def test_interpreter_warp_specialize_config(bits, group_size, asym, split_k):
     """A WARP_SPECIALIZE config runs right through the launcher (the interpreter has no warps: it
     runs the loop as is; the split is checked compiled, below, and on the GPU)."""
-    x, qw, s, z, b = make_problem(37, 40, 256, 4, group_size, torch.bfloat16, asym, bias=True)
+    x, qw, s, z, b = make_problem(37, 40, 256, bits, group_size, torch.bfloat16, asym, bias=True)
     cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split_k, "num_warps": 4, "WARP_SPECIALIZE": 1}
-    assert_close_to_ref(wna16_tma(x, qw, s, z, b, 4, group_size, cfg), x, qw, s, z, b, 4, group_size)
+    assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
 
 
 @pytest.mark.parametrize("bad", [{"BLOCK_N": 128}, {"num_warps": 8}, {"TAIL_SPLIT": 2, "WAVE_PROGRAMS": 1}])
@@ -125,11 +125,11 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     tails = [c for c in tma(512, 4096) if "TAIL_SPLIT" in c]
     assert tails and all(is_experimental(c, 4) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
     assert not any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
-    # the warp-specialized tiles: opt-in, 4-bit, 64 weight rows and 4 warps (what compiles), 64-token tiles at M bucket 64
+    # the warp-specialized tiles: opt-in, 64 weight rows and 4 warps (what compiles), 64-token tiles at M bucket 64
     ws = [c for c in tma(256, 4096) if "WARP_SPECIALIZE" in c]
     assert ws and all(is_experimental(c, 4) and c["BLOCK_N"] == 64 and c["num_warps"] == 4 for c in ws)
     assert {c["BLOCK_M"] for c in ws} == {64, 128} and {c["BLOCK_M"] for c in tma(64, 4096) if "WARP_SPECIALIZE" in c} == {64}
-    assert not any("WARP_SPECIALIZE" in c for c in tma(256, 4096, bits=8) + tma(256, 4096, usable=True))
+    assert any("WARP_SPECIALIZE" in c for c in tma(256, 4096, bits=8)) and not any("WARP_SPECIALIZE" in c for c in tma(256, 4096, usable=True))
     # and at the decode M bucket 16 / 32, where no plain TMA tile is offered: token tiles of M's bucket
     for m in (16, 32):
         small = tma(m, 4096)
@@ -171,7 +171,7 @@ def test_warp_specialize_compiles_to_a_producer_and_consumers_for_sm90():
     rows x 64, 4 warps, 4 stages): the PTX reallocates registers between warpgroups (setmaxnreg,
     8 per kernel with triton 3.6 and 3.7.1), which the plain loop never does. A Triton that
     quietly stops specializing this loop fails here."""
-    cases = ["tma,bf16,128,0,1,4,0,1", "tma,fp16,-1,1,2,4,0,1", "tma,bf16,64,1,1,4,0,1", "tma,bf16,128,0,1,4,0,0"]
+    cases = ["tma,bf16,128,0,1,4,0,1", "tma,fp16,-1,1,2,4,0,1", "tma,bf16,64,1,1,4,0,1", "tma,fp16,128,1,2,8,0,1", "tma,bf16,128,0,1,4,0,0"]
     lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
     assert len(lines) == len(cases) and all(line.startswith("compiled") for line in lines), lines
     counts = [int(line.rsplit(" setmaxnreg ", 1)[1]) for line in lines]
