@@ -180,7 +180,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # consumer warpgroups dequantizing and running wgmma, as cuBLAS's kernel is split. ncu
         # (thirteenth session run 5) put the plain tiles' tensor pipe at 62-72 % busy at M >= 256
         # against cuBLAS's 81-91 %, with dequantization and wgmma taking turns in the same warps.
-        # Compiles for sm_90 (SETMAXNREG, 1 + 2 partitions) with triton 3.6 and 3.7.1 only with
+        # Compiles for sm_90 (PTX setmaxnreg, 1 + 2 partitions) with triton 3.6 and 3.7.1 only with
         # 64-row weight tiles and 4 warps: 128-row and 256-token tiles fail to compile, 8 warps
         # come out unspecialized.
         for bm, bk, stages in ((64, 64, 4), (64, 128, 3)) + (((128, 64, 4), (128, 64, 3), (128, 128, 3)) if mb >= 128 else ()):

@@ -31,7 +31,7 @@ two of its forms computed wrong results that the interpreter computes right (ops
 
 ``WARP_SPECIALIZE`` (opt-in, not yet run on a GPU): the K loop as ``tl.range(...,
 warp_specialize=True)``. Triton then splits each program into one producer warpgroup issuing the
-TMA loads and two consumer warpgroups that dequantize and run wgmma (sm_90 SASS: ``SETMAXNREG``
+TMA loads and two consumer warpgroups that dequantize and run wgmma (sm_90 SASS: ``USETMAXREG``
 register reallocation, 8 per kernel). That is the split of cuBLAS's kernel, whose tensor pipe ncu put
 at 81-91 % busy at M >= 256 against 62-72 % for these tiles. With triton 3.6 and 3.7.1 it compiles
 only for 64-row weight tiles at 4 warps, so the launcher takes nothing else. With it off, the
