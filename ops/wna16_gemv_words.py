@@ -268,14 +268,15 @@ def _wna16_gemv_words_kernel(
         else:
             negz = tl.full((BLOCK_N, 1, 1), 0xC308C308, tl.uint32)
         xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
-        acc = tl.zeros((BLOCK_N, NG, WPG // HFMA2), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
-        for it in range(0, W_PER_SPLIT // BLOCK_W):
-            w0 = w_start + it * BLOCK_W
-            if VEC > 1:
-                w0 = tl.multiple_of(w0, VEC)
-            ow = w0 + cols
-            words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-            words = tl.reshape(words, (BLOCK_N, NG, WPG))
+    acc = tl.zeros((BLOCK_N, NG, WPG // max(HFMA2, 1)), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
+    for it in range(0, W_PER_SPLIT // BLOCK_W):
+        w0 = w_start + it * BLOCK_W
+        if VEC > 1:
+            w0 = tl.multiple_of(w0, VEC)
+        ow = w0 + cols
+        words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        words = tl.reshape(words, (BLOCK_N, NG, WPG))
+        if HFMA2:
             xa = tl.reshape(tl.load(xw_row + ow * 4, eviction_policy="evict_last"), (1, NG, WPG))
             xb = tl.reshape(tl.load(xw_row + ow * 4 + 1, eviction_policy="evict_last"), (1, NG, WPG))
             xc = tl.reshape(tl.load(xw_row + ow * 4 + 2, eviction_policy="evict_last"), (1, NG, WPG))
@@ -290,18 +291,7 @@ def _wna16_gemv_words_kernel(
                 acc += word_dot_bf16x2(words, negz_t, x04, x15, x26, x37, HFMA2, ASM) * s
             else:
                 acc += word_dot_bf16x2(words, negz_t, x04, x15, x26, x37, HFMA2, ASM)
-        res = tl.sum(tl.sum(acc, axis=2), axis=1)
-    else:
-        acc = tl.zeros((BLOCK_N, NG, WPG), dtype=tl.float32)
-        for it in range(0, W_PER_SPLIT // BLOCK_W):
-            # the HFMA2 loop's first lines again: as a @triton.jit helper returning ``(w0, ow, words)``
-            # they compiled worse (HFMA2 32 x 128 g128, sm_90: 4.95 -> 5.71 SASS instructions per byte)
-            w0 = w_start + it * BLOCK_W
-            if VEC > 1:
-                w0 = tl.multiple_of(w0, VEC)
-            ow = w0 + cols
-            words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-            words = tl.reshape(words, (BLOCK_N, NG, WPG))
+        else:
             if GROUP > 0:
                 g = (w0 * CPW) // GROUP
                 s = tl.load(s_ptr + sg + g).to(tl.float32)
@@ -326,7 +316,7 @@ def _wna16_gemv_words_kernel(
                 acc += t * s[:, :, None]
             else:
                 acc = t
-        res = tl.sum(tl.sum(acc, axis=2), axis=1)
+    res = tl.sum(tl.sum(acc, axis=2), axis=1)
     store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m,
               pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
