@@ -35,3 +35,12 @@ def zeroed_int32(device: torch.device, numel: int) -> Tensor:
                 _retired.append(buf)
             _zeroed[k] = torch.zeros(max(numel, 2 * buf.numel() if buf is not None else _ZEROED_MIN), dtype=torch.int32, device=device)
     return _zeroed[key][:numel]
+
+
+def rezero_workspaces() -> None:
+    """Zero every eager and graph workspace again. For the tuner after a wrong candidate: a kernel
+    that sums its split-K partials wrong may also leave its arrival counters nonzero, and every
+    later split-K launch on the same counters then goes wrong too (seen on the H200 in the
+    fourteenth session, where one such candidate turned the rest of a tune's checks into mismatches)."""
+    for buf in _zeroed.values():
+        buf.zero_()

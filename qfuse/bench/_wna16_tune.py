@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from qfuse.ops._autotune import _TUNED_DIR, _key_str, _memory, device_name, merge_into_json
+from qfuse.ops._zeroed_workspace import rezero_workspaces
 from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, is_experimental, run_config
 from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
@@ -165,10 +166,12 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
                         err = (calls[0]().float() - ref).abs().max().item()
                         if not err <= tol:  # a config is a candidate only if it is right
                             log(f"  MISMATCH {cfg}: max error {err:.3g} > {tol:.3g}, skipped")
+                            rezero_workspaces()  # its split-K counters may be left nonzero
                             continue
                         timings.append((time_graph(calls, replays=5), cfg))
                     except Exception as e:  # shared memory overflow etc.
                         log(f"  skip {cfg}: {type(e).__name__}")
+                        rezero_workspaces()
                 timings.sort(key=lambda t: t[0])
                 if cache_file is not None:
                     _append_timings(cache_file, key, timings)

@@ -73,6 +73,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
     dt = torch.bfloat16
     ops = torch.ops.qfuse
     from qfuse.ops._autotune import device_name, m_bucket
+    from qfuse.ops._zeroed_workspace import rezero_workspaces
     from qfuse.ops.int4_packing import pack_int4
     from qfuse.ops.int8_gemm_kernels import candidate_configs, is_experimental, run_int8_gemm
     from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
@@ -153,11 +154,13 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                     cs = make(cfg)
                     if not torch.equal(cs[0](), expected):  # a config is only a candidate if it is right
                         log(f"  {name} M={m} {cfg}: MISMATCH against the reference, skipped")
+                        rezero_workspaces()  # its split-K sums and counters may be left nonzero
                         continue
                     torch.cuda.synchronize()
                     us = time_graph(cs, replays=10)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
                     log(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:160]}")
+                    rezero_workspaces()
                     continue
                 if (best is None or us < best[0]) and not is_experimental(cfg):  # opt-in: timed, never the pick
                     best = (us, cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from qfuse.ops import _zeroed_workspace
 from qfuse.ops._zeroed_workspace import zeroed_int32
 
 
@@ -13,3 +14,13 @@ def test_cpu_gives_fresh_zeros():
     assert a.shape == (37,) and a.dtype == torch.int32 and not a.any()
     a += 1  # a kernel that did not clean up on the CPU cannot leak into the next call
     assert not zeroed_int32(torch.device("cpu"), 37).any()
+
+
+def test_rezero_workspaces_clears_what_a_wrong_kernel_left(monkeypatch):
+    """The tuner's reset after a wrong candidate: every persistent buffer (eager and graph) is
+    zero again, in place (a captured graph keeps pointing at the same memory)."""
+    left = {(0, 7): torch.arange(5, dtype=torch.int32), (0, "graph"): torch.full((3,), -2, dtype=torch.int32)}
+    same = {k: v.data_ptr() for k, v in left.items()}
+    monkeypatch.setattr(_zeroed_workspace, "_zeroed", left)
+    _zeroed_workspace.rezero_workspaces()
+    assert all(not v.any() and v.data_ptr() == same[k] for k, v in left.items())
