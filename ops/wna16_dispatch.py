@@ -29,8 +29,8 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200; 8-bit, ``TAIL_SPLIT`` and ``WARP_SPECIALIZE`` are opt-in (:func:`is_experimental`),
-  and so are warp-specialized tiles of 16 / 32 tokens at M bucket 16 / 32;
+  M = 64-2048 on the H200 (8-bit: 4 warps only, see :func:`is_experimental`); ``TAIL_SPLIT`` is
+  opt-in;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -155,7 +155,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
         if mb <= 64:
             cands += _mma_words_configs(m, n, k, group_size, sms, exhaustive)
-    if mb >= 64 and tma_supported(k, bits):  # 8-bit: opt-in (is_experimental)
+    if mb >= 64 and tma_supported(k, bits):
         # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs)
         small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
         for bm, bn, bk, warps, stages in small + _weight_major_tiles(mb, exhaustive):
@@ -175,29 +175,6 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             if mb >= 256 and bm == 256 and bits == 4:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
-        # Opt-in (is_experimental), not yet run on a GPU, both widths: the same loop warp-specialized by
-        # Triton (tl.range warp_specialize): one producer warpgroup issuing the TMA loads, two
-        # consumer warpgroups dequantizing and running wgmma, as cuBLAS's kernel is split. ncu
-        # (thirteenth session run 5) put the plain tiles' tensor pipe at 62-72 % busy at M >= 256
-        # against cuBLAS's 81-91 %, with dequantization and wgmma taking turns in the same warps.
-        # Compiles for sm_90 (PTX setmaxnreg, 1 + 2 partitions) with triton 3.6 and 3.7.1 only with
-        # 64-row weight tiles and 4 warps: 128-row and 256-token tiles fail to compile, 8 warps
-        # come out unspecialized.
-        for bm, bk, stages in ((64, 64, 4), (64, 128, 3)) + (((128, 64, 4), (128, 64, 3), (128, 128, 3)) if mb >= 128 else ()):
-            bk = min(bk, gk)
-            split = _split_for(_cdiv(m, bm) * _cdiv(n, 64), k, bk, sms)
-            for sp in [s for s in (1, 2, 4) if s <= split]:
-                cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
-                              "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
-    if bits == 4 and mb in (16, 32) and tma_supported(k, bits):
-        # Opt-in, not yet run on a GPU: warp-specialized TMA tiles of 16 / 32 tokens (see above), for
-        # the decode M where `mma_words` is latency-bound (ncu, eighth session: 1.8 active warps per
-        # scheduler; `mma_words` itself does not specialize: its pointer-fed loop fails in the pass)
-        for bk, stages in sorted({(min(128, gk), 4), (min(128, gk), 3), (min(256, gk), 3)}):
-            split = _split_for(_cdiv(n, 64), k, bk, sms)
-            for sp in sorted({1, split}):
-                cands.append({"kernel": "tiled_tma", "BLOCK_M": mb, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
-                              "num_warps": 4, "num_stages": stages, "WARP_SPECIALIZE": 1})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
@@ -393,19 +370,20 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
-    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the H200,
-    never the fastest), the warp-specialized TMA tiles (``WARP_SPECIALIZE``: compiled, never run on
-    a GPU yet) and every 8-bit TMA tile. On the H200 (triton 3.6.0, seventh session), two
-    8-bit forms gave wrong outputs: 8 warps (with split-K at num_stages 2-3 on every shape tuned,
-    right at num_stages 1; NaN at split 1 on 1000x2944, M = 300) and ``TAIL_SPLIT``; errors up to
-    a third of the output's range, deterministic, not the sum of either K half, some inf / NaN;
-    compute-sanitizer's racecheck and memcheck found nothing on a small case. The same tiles with
-    4 warps, and every 4-bit tile, were right. The interpreter runs the same source right, so the
-    fault lies in the compiled code; its cause is not established. :func:`candidate_configs` no
-    longer offers those two forms; the 4-warp 8-bit tiles were right in every check and stay
-    opt-in until the cause is known."""
+    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1) and ``TAIL_SPLIT`` (right on the
+    H200, never the fastest).
+
+    Two 8-bit TMA forms are not offered at all (:func:`candidate_configs`): on the H200 (triton
+    3.6.0, seventh session) 8 warps gave wrong outputs (with split-K at num_stages 2-3 on every
+    shape tuned, right at num_stages 1; NaN at split 1 on 1000x2944, M = 300), and so did
+    ``TAIL_SPLIT``; errors up to a third of the output's range, deterministic; compute-sanitizer's
+    racecheck and memcheck found nothing on a small case, and the interpreter runs the same source
+    right; the cause is not established (tests/ops/test_wna16_tma.py keeps a strict xfail on it).
+    The 8-bit tiles at 4 warps were right in every GPU check (seventh to fourteenth sessions) and
+    are offered like the 4-bit ones since the fourteenth session, where they measured 19-27 %
+    faster than the 8-bit picks before them at M = 256."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
-            or (cfg["kernel"] == "tiled_tma" and (bits == 8 or "TAIL_SPLIT" in cfg or "WARP_SPECIALIZE" in cfg)))
+            or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

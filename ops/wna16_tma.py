@@ -25,17 +25,14 @@ M = 256):
 
 Per-channel scales multiply the accumulator once, after the loop (``u - z`` is exact in the
 activation dtype). Needs 16-byte weight rows: ``K % 32 == 0`` for 4-bit, ``K % 16 == 0`` for 8-bit
-(:func:`tma_supported`). The 8-bit form is opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): on the H200
-two of its forms computed wrong results that the interpreter computes right (ops/wna16_dispatch.py,
-``is_experimental``).
+(:func:`tma_supported`). 8-bit tiles run at 4 warps only: on the H200 the 8-warp and
+``TAIL_SPLIT`` forms computed wrong results that the interpreter computes right
+(ops/wna16_dispatch.py, ``is_experimental``).
 
-``WARP_SPECIALIZE`` (opt-in, not yet run on a GPU): the K loop as ``tl.range(...,
-warp_specialize=True)``. Triton then splits each program into one producer warpgroup issuing the
-TMA loads and two consumer warpgroups that dequantize and run wgmma (sm_90 SASS: ``USETMAXREG``
-register reallocation, 8 per kernel). That is the split of cuBLAS's kernel, whose tensor pipe ncu put
-at 81-91 % busy at M >= 256 against 62-72 % for these tiles. With triton 3.6 and 3.7.1 it compiles
-only for 64-row weight tiles at 4 warps, so the launcher takes nothing else. With it off, the
-sm_90 SASS is byte-identical to the plain ``range`` loop (6 configs, both Triton versions).
+Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
+fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-2.6x slower than
+the shipped picks at M = 16-1024, and with split-K it computed wrong sums and left the persistent
+split-K counters nonzero, so later launches went wrong too (BENCHMARKS.md, fourteenth session).
 """
 
 from __future__ import annotations
@@ -61,7 +58,7 @@ def _wna16_tma_kernel(
     x_desc, w_desc, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, G, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES, WARP_SPECIALIZE: tl.constexpr,
+    ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES,
 ):  # fmt: skip
     if TAIL_SPLIT > 1:  # programs >= FULL_TILES: TAIL_SPLIT slices of K of each tile past the last whole wave
         is_tail = tl.program_id(0) >= FULL_TILES
@@ -85,7 +82,7 @@ def _wna16_tma_kernel(
     else:
         z = tl.full((BLOCK_N,), float(1 << (BITS - 1)), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kt in tl.range(0, k_tiles if TAIL_SPLIT > 1 else tl.cdiv(K_PER_SPLIT, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
+    for kt in range(0, k_tiles if TAIL_SPLIT > 1 else tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:  # BLOCK_K <= GROUP: the tile lies in group k0 // GROUP (clamped: tiles past K)
             g = tl.minimum(k0 // GROUP, G - 1)
@@ -155,9 +152,6 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     # TAIL_SPLIT (opt-in): the tiles past the last whole wave of WAVE programs (TAIL_WAVE per SM, or
     # WAVE_PROGRAMS: tests) run as TAIL_SPLIT slices of K each, so the last wave is not mostly idle
     tail_split = cfg.get("TAIL_SPLIT", 0) if split_k == 1 else 0
-    warp_specialize = bool(cfg.get("WARP_SPECIALIZE", 0)) and x.is_cuda  # a compile option: the interpreter runs the loop as is
-    if cfg.get("WARP_SPECIALIZE") and (tail_split > 1 or cfg.get("num_warps", 4) != 4 or bn != 64):
-        raise ValueError(f"wna16_tma: WARP_SPECIALIZE takes 64-row weight tiles, 4 warps and no TAIL_SPLIT (config {cfg})")
     full = tiles
     if tail_split > 1:
         wave = cfg.get("WAVE_PROGRAMS") or cfg.get("TAIL_WAVE", 1) * sm_count(x.device)
@@ -180,7 +174,7 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         m, n, k, scales.shape[1], k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        TAIL_SPLIT=tail_split, FULL_TILES=full, WARP_SPECIALIZE=warp_specialize,
+        TAIL_SPLIT=tail_split, FULL_TILES=full,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
     )  # fmt: skip
     return out

@@ -37,14 +37,14 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
     return _compile(fn, sig, {**consts, "HAS_BIAS": True}, divisible, 4, 3)
 
 
-def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0, warp_specialize: int = 0) -> str:
+def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0) -> str:
     """ops/wna16_tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
     bm, bn, bk = 128, 64, 64
     sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk * bits // 8}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
     consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                  GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=tail_split, WARP_SPECIALIZE=bool(warp_specialize))
+                  GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=tail_split)
     divisible = [name for name in sig if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
     order = [p.name for p in _wna16_tma_kernel.params]  # FULL_TILES comes after the constexprs
     src = ASTSource(fn=_wna16_tma_kernel, signature={name: sig.get(name, "constexpr") for name in order}, constexprs=consts,
@@ -86,11 +86,10 @@ if __name__ == "__main__":
             ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps), flags[0] == "1", flags[1] == "1")
             print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
             continue
-        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split[,warp_specialize]]]
+        if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
             _, dtype, group, zeros, split_k, *rest = case.split(",")
             ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k), *(int(v) for v in rest))
-            # setmaxnreg: the warpgroups' register reallocation, there only when the loop was warp-specialized
-            print("compiled", case, "waits", _waits(ptx), "setmaxnreg", len(re.findall(r"setmaxnreg\.", ptx)), flush=True)
+            print("compiled", case, "waits", _waits(ptx), flush=True)
             continue
         dtype, planes, swap, zeros, aligned, *join = case.split(",")  # optional 6th field: JOIN
         ptx = compile_planes(dtype, int(planes), swap == "1", zeros == "1", aligned == "1", join == ["1"])
