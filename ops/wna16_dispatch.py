@@ -380,8 +380,8 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     racecheck and memcheck found nothing on a small case, and the interpreter runs the same source
     right; the cause is not established (tests/ops/test_wna16_tma.py keeps a strict xfail on it).
     The 8-bit tiles at 4 warps were right in every GPU check (seventh to fourteenth sessions) and
-    are offered like the 4-bit ones since the fourteenth session, where they measured 19-27 %
-    faster than the 8-bit picks before them at M = 256."""
+    are offered like the 4-bit ones since the fourteenth session, where they took 17-27 % less
+    time than the 8-bit picks before them at M = 256 on the three large shapes."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
             or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg))
 

@@ -30,7 +30,7 @@ activation dtype). Needs 16-byte weight rows: ``K % 32 == 0`` for 4-bit, ``K % 1
 (ops/wna16_dispatch.py, ``is_experimental``).
 
 Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
-fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-2.6x slower than
+fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
 the shipped picks at M = 16-1024, and with split-K it computed wrong sums and left the persistent
 split-K counters nonzero, so later launches went wrong too (BENCHMARKS.md, fourteenth session).
 """
