@@ -29,8 +29,7 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200 (8-bit: 4 warps only, see :func:`is_experimental`); ``TAIL_SPLIT`` is
-  opt-in;
+  M = 64-2048 on the H200; ``TAIL_SPLIT`` is opt-in;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -159,8 +158,6 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs)
         small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
         for bm, bn, bk, warps, stages in small + _weight_major_tiles(mb, exhaustive):
-            if bits == 8 and warps == 8:  # wrong results on the H200 (see is_experimental)
-                continue
             bk = min(bk, gk)
             # split-K where the grid has fewer than ~2 tiles per SM (N = 4096 or 8192 at M = 256)
             # (at most 4: each split adds a float32 [M, N] partial to write and reread)
@@ -170,9 +167,8 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                               "num_warps": warps, "num_stages": stages})
             # opt-in: the tiles past the last whole wave split 2 ways along K (M = 512 on 28672x4096: 448
             # tiles of 256x128 at one program per SM are 3.39 waves); TAIL_WAVE: programs per SM of
-            # the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2).
-            # 4-bit only: the 8-bit form gave wrong results on the H200 (see is_experimental)
-            if mb >= 256 and bm == 256 and bits == 4:
+            # the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2)
+            if mb >= 256 and bm == 256:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
     if mb >= 128:
@@ -373,15 +369,10 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1) and ``TAIL_SPLIT`` (right on the
     H200, never the fastest).
 
-    Two 8-bit TMA forms are not offered at all (:func:`candidate_configs`): on the H200 (triton
-    3.6.0, seventh session) 8 warps gave wrong outputs (with split-K at num_stages 2-3 on every
-    shape tuned, right at num_stages 1; NaN at split 1 on 1000x2944, M = 300), and so did
-    ``TAIL_SPLIT``; errors up to a third of the output's range, deterministic; compute-sanitizer's
-    racecheck and memcheck found nothing on a small case, and the interpreter runs the same source
-    right; the cause is not established (tests/ops/test_wna16_tma.py keeps a strict xfail on it).
-    The 8-bit tiles at 4 warps were right in every GPU check (seventh to fourteenth sessions) and
-    are offered like the 4-bit ones since the fourteenth session, where they took 17-27 % less
-    time than the 8-bit picks before them at M = 256 on the three large shapes."""
+    From the seventh to the fourteenth session the 8-bit TMA tiles at 8 warps and with
+    ``TAIL_SPLIT`` were not offered: they computed wrong results on the H200. The cause (fifteenth
+    session): ptxas wrote registers of wgmmas still in flight; the kernel's 8-bit path changed so
+    that it does not (ops/wna16_tma.py), and they are offered like the 4-bit ones."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
             or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg))
 

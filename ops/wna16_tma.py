@@ -10,24 +10,41 @@ of K, as ``acc^T [BLOCK_N, BLOCK_M] += w_tile @ x_tile^T`` (split-K: the single-
 ops/_wna16_common.py, :func:`finish_split`; for grids of fewer tiles than ~2 per SM, e.g. N = 4096 at
 M = 256):
 
-* both operands arrive by TMA (host ``TensorDescriptor``s of ``x [M, K]`` and of the weight bytes
-  ``[N, K * BITS / 8]``), multi-buffered by Triton's pipeliner; the copy engine zero-fills rows past
-  M / N and columns past K (zero activations past K cancel whatever the zero bytes dequantize to),
-  so there are no masks in the loop;
+* both operands arrive by TMA (host ``TensorDescriptor``s of ``x [M, K]`` and of the weight bytes,
+  ``[N, K / 2]`` bytes for 4-bit, ``[N, K / 2]`` int16 code pairs for 8-bit), multi-buffered by
+  Triton's pipeliner; the copy engine zero-fills rows past M / N and columns past K (zero
+  activations past K cancel whatever the zero bytes dequantize to), so there are no masks in the loop;
 * the weight bytes are dequantized in registers: 4-bit by ops/w4a16_tiled_planes.py's PTX planes
-  (magic-exponent LOP3 + one packed FMA per code pair) joined back to natural K order, 8-bit by the
-  float32 exponent trick (``bitcast(u | 0x4B000000) - (2**23 + z)``, exact; ``|u - z| <= 255`` is
-  exact in bf16 / fp16 too); then multiplied by the group scale in the activation dtype. They are
-  wgmma's *register* A operand,
+  (magic-exponent LOP3 + one packed FMA per code pair), 8-bit by PTX on two code pairs per
+  register (PRMT of each byte under the float32 exponent byte 0x4B = ``2**23 + u``, minus
+  ``2**23 + z``, exact, packed to the activation dtype; ``|u - z| <= 255`` is exact in bf16 / fp16),
+  both as even-k and odd-k planes joined back to natural K order; then multiplied by the group
+  scale in the activation dtype. They are wgmma's *register* A operand,
   the activation tile its shared-memory B operand straight from the TMA buffer. Nothing else uses
   the accumulator in the loop, so Triton keeps the wgmma asynchronous (the pointer-fed
   ``tiled_planes`` JOIN form has the same loop with ``cp.async`` loads and address arithmetic).
 
 Per-channel scales multiply the accumulator once, after the loop (``u - z`` is exact in the
 activation dtype). Needs 16-byte weight rows: ``K % 32 == 0`` for 4-bit, ``K % 16 == 0`` for 8-bit
-(:func:`tma_supported`). 8-bit tiles run at 4 warps only: on the H200 the 8-warp and
-``TAIL_SPLIT`` forms computed wrong results that the interpreter computes right
-(ops/wna16_dispatch.py, ``is_experimental``).
+(:func:`tma_supported`).
+
+**What ptxas does with this loop** (triton 3.6's CUDA 12.8 ptxas, sm_90 SASS; ``qfuse bench sass
+tiled_tma`` prints it, tests/ops/test_wna16_tma.py checks it on the CPU):
+
+* With the accumulator's zeros written as a constant, LLVM rematerialized them on the loop's
+  zero-trip edge in 10 of the 11 tile shapes the dispatcher offers (all 8-bit ones, and the 4-bit
+  64-token and 128 x 128 tiles). ptxas then found non-wgmma instructions defining accumulator
+  registers inside the wgmma pipeline and serialized every wgmma of the loop (``C7515``; SASS:
+  ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each one). :func:`accumulator_zeros` writes them
+  with an asm ``mov`` that stays before the loop: every offered tile now keeps 3 (BLOCK_K 64) or
+  7 (BLOCK_K 128) wgmmas in flight.
+* The former 8-bit path (codes as uint8, ``(u | 0x4B000000) - (2**23 + z)`` in Triton ops) at
+  8 warps with split-K came out asynchronous, but ptxas wrote the next K tile's register A
+  operands and scales while the wgmmas that read them were still in flight, which PTX leaves
+  undefined: that tile computed wrong results on the H200 (up to a third of the output's range;
+  seventh session), which the interpreter computes right. The same source with asynchronous
+  zeros did it in all 5 tiles checked. The PTX pair planes above do not (0 such writes in every
+  offered tile, 4- and 8-bit), and the 8-warp and ``TAIL_SPLIT`` 8-bit tiles are offered again.
 
 Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
 fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
@@ -51,6 +68,51 @@ from .wna16_tiled import split_k_slices
 
 # compile options of a launch where the config does not set them (``qfuse.bench.sass.compile_sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 3}
+
+# 8-bit: one register of two int16 code pairs, bytes b0..b3 = u[k], u[k + 1], u[k'], u[k' + 1] (k, k' even).
+# Each byte becomes the float32 2**23 + u (PRMT with the exponent byte 0x4B), minus 2**23 + z (exact),
+# packed to the activation dtype: $0 = the even-k plane (u0 - z, u2 - z), $1 = the odd-k plane (u1 - z, u3 - z).
+_BYTE_PAIRS_BF16 = tl.constexpr("""{
+.reg .b32 f0, f1, f2, f3;
+prmt.b32 f0, $2, 0x4B000000, 0x7440;
+prmt.b32 f1, $2, 0x4B000000, 0x7441;
+prmt.b32 f2, $2, 0x4B000000, 0x7442;
+prmt.b32 f3, $2, 0x4B000000, 0x7443;
+sub.f32 f0, f0, $3;
+sub.f32 f1, f1, $3;
+sub.f32 f2, f2, $4;
+sub.f32 f3, f3, $4;
+cvt.rn.bf16x2.f32 $0, f2, f0;
+cvt.rn.bf16x2.f32 $1, f3, f1;
+}""")
+_BYTE_PAIRS_FP16 = tl.constexpr(_BYTE_PAIRS_BF16.value.replace("cvt.rn.bf16x2.f32", "cvt.rn.f16x2.f32"))
+
+
+@triton.jit
+def byte_pair_planes(h, z, dtype: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr, W: tl.constexpr):
+    """int16 code pairs ``h [BLOCK_N, W]`` (low byte k = 2j, high byte 2j + 1) -> the even-k and
+    odd-k planes ``u - z`` as ``dtype [BLOCK_N, W]`` (exact); ``z``: float32 ``[BLOCK_N]``."""
+    zc = tl.broadcast_to((z + 8388608.0)[:, None], (BLOCK_N, W))
+    if ASM:
+        if dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise(_BYTE_PAIRS_BF16, "=r,=r,r,r,r", [h, zc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise(_BYTE_PAIRS_FP16, "=r,=r,r,r,r", [h, zc], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+    else:
+        hv = h.to(tl.int32)
+        return codes_minus_zero(hv & 255, zc).to(dtype), codes_minus_zero((hv >> 8) & 255, zc).to(dtype)
+
+
+@triton.jit
+def accumulator_zeros(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr):
+    """float32 zeros ``[BLOCK_N, BLOCK_M]``; on the GPU made by an asm ``mov`` that stays where it is
+    written, before the loop: a constant let LLVM rematerialize the zeros on the loop's zero-trip
+    edge, and ptxas then serialized every wgmma of the loop (C7515, see the module docstring)."""
+    if ASM:
+        return tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)], dtype=tl.float32,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -81,7 +143,7 @@ def _wna16_tma_kernel(
         z = tl.load(z_ptr + rn * G + (tl.minimum(k_start // GROUP, G - 1) if GROUP != -1 else 0)).to(tl.float32)
     else:
         z = tl.full((BLOCK_N,), float(1 << (BITS - 1)), tl.float32)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = accumulator_zeros(BLOCK_N, BLOCK_M, ASM)
     for kt in range(0, k_tiles if TAIL_SPLIT > 1 else tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:  # BLOCK_K <= GROUP: the tile lies in group k0 // GROUP (clamped: tiles past K)
@@ -94,8 +156,9 @@ def _wna16_tma_kernel(
             b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
             w = planes_in_k_order(b, z, dtype, ASM, False, BLOCK_N, BLOCK_K)  # u - z, exact
         else:
-            u = w_desc.load([pid_n * BLOCK_N, k0]).to(tl.int32)  # [BLOCK_N, BLOCK_K] codes
-            w = codes_minus_zero(u, (z + 8388608.0)[:, None]).to(dtype)  # u - z, exact
+            h = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] int16 code pairs (k = 2j, 2j + 1)
+            even, odd = byte_pair_planes(h, z, dtype, ASM, BLOCK_N, BLOCK_K // 2)  # u - z, exact
+            w = tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_K))
         if GROUP != -1:  # scaled_weights(w, s, dtype, DOT_F32), written out: through the call, triton 3.6
             # scheduled the 256x64x64 g64 split-4 tile differently, and these loops ran on the H200 as is
             if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
@@ -168,8 +231,10 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         grid = (tiles, split_k)
         out, ws, counts = output_buffers(x, n, split_k, grid[0])
     x, qweight = tma_aligned(x.contiguous()), tma_aligned(qweight.contiguous())
+    # 8-bit: the code bytes as int16 pairs [N, K / 2] (the kernel's PTX takes two pairs per register)
+    w_desc = TensorDescriptor.from_tensor(qweight if bits == 4 else qweight.view(torch.int16), [bn, bk // 2])
     _wna16_tma_kernel[grid](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(qweight, [bn, bk * bits // 8]),
+        TensorDescriptor.from_tensor(x, [bm, bk]), w_desc,
         scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, scales.shape[1], k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,

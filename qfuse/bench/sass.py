@@ -12,8 +12,12 @@ the longest region closed by a backward branch::
 prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop's instruction
 count and opcode histogram, and instructions per weight byte = loop instructions x threads /
 weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16), ``mma_gemv``,
-``tiled_planes`` and ``mma_words`` (W4A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``. A static count: the real rate also
+``tiled_planes`` and ``mma_words`` (W4A16), ``tiled_tma`` (W4A16 / W8A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``. A static count: the real rate also
 depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
+
+For a kernel with wgmma it also prints the MMA loop's ``WARPGROUP.DEPBAR`` counts (all 0: ptxas
+serialized the wgmmas) and any instruction that writes a register of a wgmma still in flight
+(:func:`wgmma_pipeline`).
 """
 
 from __future__ import annotations
@@ -68,6 +72,18 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), SCALE_W=bool(cfg.get("SCALE_W", False)),
                       BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=8, ASM=True, DOT_F32=False)
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
+    if kernel == "tiled_tma":
+        from qfuse.ops.wna16_tma import _wna16_tma_kernel as fn
+
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"] if group == -1 else min(cfg["BLOCK_K"], group)
+        consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), BLOCK_M=bm, BLOCK_N=bn,
+                      BLOCK_K=bk, GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=cfg.get("TAIL_SPLIT", 0))
+        # the kernel's parameters in order (FULL_TILES comes after the constexprs); 8-bit codes as int16 pairs
+        args = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]>",
+                "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32",
+                "M": "i32", "N": "i32", "K": "i32", "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
+        sig = {q.name: args.get(q.name, "constexpr") for q in fn.params}
+        return fn, sig, consts, bn * bk * bits // 8
     int8 = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32"}
     if kernel == "w4a8_gemv":
         from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel as fn
@@ -110,8 +126,8 @@ def compile_sass(fn, sig: dict, consts: dict, cfg: dict) -> tuple[str, str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK", "UNITS"} | {q.name for q in fn.params if q.do_not_specialize}
-    aligned = [i for i, name in enumerate(sig) if name not in unaligned]
+    unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK", "UNITS", "FULL_TILES"} | {q.name for q in fn.params if q.do_not_specialize}
+    aligned = [i for i, name in enumerate(sig) if name not in unaligned and not sig[name].startswith(("constexpr", "tensordesc"))]
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     # num_stages changes the code: the word GEMV at 3 stages stages its loads through shared
@@ -136,16 +152,72 @@ def launch_options(fn) -> dict:
     return dict(sys.modules[fn.fn.__module__].LAUNCH_OPTIONS)
 
 
-def hot_loop(sass: str) -> list[str]:
-    """Instructions of the longest region that ends in a branch back to a label above it."""
+def _backward_regions(sass: str) -> list[list[str]]:
+    """The instructions of each region that ends in a branch back to a label above it."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*\.L_x_(\d+):", line))}
-    best = (0, 0)
+    regions = []
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`?\(?\.L_x_(\d+)", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
-            best = (labels[m.group(1)], i)
-    return [line for line in lines[best[0]:best[1] + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            regions.append([line for line in lines[labels[m.group(1)]:i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)])
+    return regions
+
+
+def hot_loop(sass: str) -> list[str]:
+    """Instructions of the longest region that ends in a branch back to a label above it."""
+    return max(_backward_regions(sass), key=len, default=[])
+
+
+def wgmma_loop(sass: str) -> list[str]:
+    """The shortest backward-branch region with an HGMMA: the MMA loop itself (a longer one is an
+    out-of-line barrier retry that jumps back into it, spanning the epilogue)."""
+    return min((r for r in _backward_regions(sass) if any(mnemonic(line).startswith("HGMMA") for line in r)), key=len, default=[])
+
+
+# instructions that write no general register (stores, barriers, branches, async copies, ...)
+_NO_REGISTER_DEST = ("ST", "RED", "BAR", "BRA", "SYNCS", "WARPGROUP", "EXIT", "UTMA", "NOP", "MEMBAR", "FENCE", "CCTL", "WARPSYNC",
+                     "BSSY", "BSYNC", "RET", "CALL", "ERRBAR", "DEPBAR", "HGMMA")
+
+
+def _registers(operand: str, width: int) -> set[int]:
+    m = re.match(r"-?\|?R(\d+)\b", operand.strip())
+    return set(range(int(m.group(1)), int(m.group(1)) + width)) if m else set()
+
+
+def _dest_width(mnem: str) -> int:
+    if mnem.startswith("LDSM"):
+        return int(mnem.rsplit(".", 1)[1])
+    if ".128" in mnem:
+        return 4
+    return 2 if ".64" in mnem or "WIDE" in mnem or mnem.startswith("CS2R") else 1
+
+
+def wgmma_pipeline(loop: list[str]) -> tuple[list[int], list[str]]:
+    """``(waits, hazards)`` of a loop's wgmmas: the ``WARPGROUP.DEPBAR.LE`` counts in order (0 after
+    every HGMMA: ptxas serialized them), and the instructions that write a register of an HGMMA still
+    in flight (its register A operand or accumulator; PTX leaves that undefined) when the loop runs
+    again and again (a DEPBAR with count c retires all but the c newest HGMMAs).
+
+    ptxas (CUDA 12.8 in triton 3.6) emitted such writes for the 8-bit TMA tiles at 8 warps with
+    split-K, which computed wrong results on the H200 (ops/wna16_tma.py)."""
+    waits, hazards, pending = [], [], []
+    for rep in range(3):  # the first pass fills the pipeline as the previous iteration leaves it
+        for line in loop:
+            mnem = mnemonic(line)
+            operands = [t.strip() for t in re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?\S+", "", line).split(";")[0].split(",")]
+            if mnem.startswith("HGMMA"):
+                acc = _registers(operands[0], int(re.search(r"64x(\d+)x", mnem).group(1)) // 2)
+                pending.append((acc | _registers(operands[1], 4), line.strip()))
+            elif mnem.startswith("WARPGROUP.DEPBAR"):
+                keep = int(operands[-1], 0)
+                pending = pending[len(pending) - keep:] if keep else []
+                if rep == 0:
+                    waits.append(keep)
+            elif rep > 0 and not mnem.startswith(_NO_REGISTER_DEST):
+                dest = _registers(operands[0], _dest_width(mnem))
+                hazards += [f"{line.strip()}  (in flight: {mma})" for regs, mma in pending if dest & regs]
+    return waits, list(dict.fromkeys(hazards))
 
 
 def mnemonic(line: str) -> str:
@@ -159,7 +231,7 @@ def opcode(line: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
-    p.add_argument("kernel", help="gemv_words, mma_gemv, tiled_planes, mma_words, w4a8_gemv, w4a8_mma_words or w8a8_gemv")
+    p.add_argument("kernel", help="gemv_words, mma_gemv, tiled_planes, mma_words, tiled_tma, w4a8_gemv, w4a8_mma_words or w8a8_gemv")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
     p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
     p.add_argument("--zeros", action="store_true", help="with zero points (wna16)")
@@ -168,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "mma_gemv": {"ROW_TILES": 1, "num_warps": 4}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
                 "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
+                "tiled_tma": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
                 "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
                 "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
     try:
@@ -200,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     print("opcodes: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(10)))
     memory = collections.Counter(mnemonic(line) for line in loop if opcode(line) in ("LDG", "STG", "LDS", "STS", "LDSM", "STSM"))
     print("memory: " + ", ".join(f"{k} {v}" for k, v in sorted(memory.items())))
+    mma_loop = wgmma_loop(sass)
+    if mma_loop:
+        waits, hazards = wgmma_pipeline(mma_loop)
+        mode = "serialized" if waits and max(waits) == 0 else "asynchronous"
+        print(f"wgmma waits {','.join(map(str, waits))} ({mode}); {len(hazards)} writes to registers of a wgmma in flight")
+        for line in hazards[:5]:
+            print("  " + line)
     return 0
 
 

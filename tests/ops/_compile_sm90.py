@@ -40,7 +40,7 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
 def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0) -> str:
     """ops/wna16_tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
     bm, bn, bk = 128, 64, 64
-    sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk * bits // 8}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
+    sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
            "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
     consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -85,6 +85,15 @@ if __name__ == "__main__":
             flags += ["0"] * (2 - len(flags))
             ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps), flags[0] == "1", flags[1] == "1")
             print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
+            continue
+        if case.startswith("tmasass,"):  # tmasass,bits,dtype,group,zeros,BLOCK_M,BLOCK_N,BLOCK_K,warps,stages,split_k: the SASS wgmma pipeline
+            from qfuse.bench import sass
+
+            _, bits, dtype, group, zeros, bm, bn, bk, warps, stages, split_k = case.split(",")
+            cfg = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(warps), "num_stages": int(stages), "SPLIT_K": int(split_k)}
+            fn, sig, consts, _ = sass.kernel_spec("tiled_tma", int(bits), int(group), zeros == "1", dtype, cfg)
+            waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
+            print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:2], flush=True)
             continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
             _, dtype, group, zeros, split_k, *rest = case.split(",")

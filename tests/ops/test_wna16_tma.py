@@ -98,12 +98,12 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert tma(256, 4096) and tma(4096, 4096) and tma(64, 4096) and tma(256, 4096, bits=8)
     assert not tma(32, 4096) and not tma(16, 4096) and not tma(256, 4080) and not tma(256, 4088, bits=8)
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
-    # measured on the H200: from M bucket 64, 4- and 8-bit; 8-bit at 4 warps only (the 8-warp form
-    # computed wrong results there), no TAIL_SPLIT
+    # measured on the H200: from M bucket 64, 4- and 8-bit, 4 and 8 warps (8-bit at 8 warps again
+    # since the fifteenth session); TAIL_SPLIT opt-in
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
     assert tma(256, 4096, usable=True) and tma(64, 4096, usable=True) and tma(256, 4096, bits=8, usable=True)
-    assert all(c["num_warps"] == 4 and "TAIL_SPLIT" not in c for m in (64, 256, 1024) for c in tma(m, 4096, bits=8))
-    assert any(c["num_warps"] == 8 for c in tma(256, 4096))
+    assert all(any(c["num_warps"] == 8 for c in tma(256, 4096, bits=bits)) for bits in (4, 8))
+    assert any("TAIL_SPLIT" in c for c in tma(512, 4096, bits=8)) and not any("TAIL_SPLIT" in c for c in tma(512, 4096, bits=8, usable=True))
     assert candidate_configs(256, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(64, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] != "tiled_tma"
@@ -141,6 +141,23 @@ def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
     assert not asynchronous(lines[-1]), lines[-1]  # the check tells a synchronous loop apart
 
 
+def test_sass_keeps_wgmmas_in_flight_and_their_registers_untouched():
+    """sm_90 SASS of offered tiles (4- and 8-bit, both dtypes, all group forms, split-K): ptxas
+    keeps wgmmas in flight (no ``WARPGROUP.DEPBAR`` 0 in the loop: the C7515 serialization that a
+    constant-zero accumulator caused) and never writes a register of one in flight (the hazard
+    behind the 8-bit 8-warp tiles' wrong results on the H200). ops/wna16_tma.py, module docstring."""
+    cases = ["tmasass,8,bf16,128,0,256,128,64,8,3,2",  # the 8-bit tile that computed wrong results
+             "tmasass,8,fp16,-1,1,256,64,64,4,3,1", "tmasass,8,bf16,128,1,128,128,128,8,3,1", "tmasass,8,fp16,32,0,64,128,64,4,4,4",
+             "tmasass,4,bf16,128,0,256,128,64,8,4,1", "tmasass,4,fp16,-1,1,64,128,64,4,4,2", "tmasass,4,bf16,128,0,128,128,128,8,3,1",
+             "tmasass,4,bf16,64,1,64,256,64,8,4,1"]
+    lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
+    assert len(lines) == len(cases)
+    for line in lines:
+        waits = [int(w) for w in line.split(" waits ")[1].split(" ")[0].split(",")]
+        assert waits and min(waits) > 0, line
+        assert " hazards 0" in line, line
+
+
 # ---------------------------------------------------------------- GPU: real descriptors, PTX planes
 
 # (group, dtype, zero points): a covering set, each value of each twice (every combination compiles
@@ -171,18 +188,21 @@ def test_gpu_extreme_codes(bits, dtype):
     x, _, s, _, _ = make_problem(300, 256, 512, bits, 128, dtype, asym=False, bias=False, device="cuda")
     qw, z = (_codes_at_the_extremes if bits == 4 else _codes8_at_the_extremes)(256, 512, 128)
     split = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}
-    if bits == 8:  # 8 warps with split-K: see test_gpu_8bit_split_k_at_8_warps_is_wrong
-        split = {**split, "BLOCK_N": 64, "num_warps": 4}
     for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}, split):
         assert_close_to_ref(wna16_tma(x, qw.cuda(), s, z.cuda(), None, bits, 128, cfg), x, qw.cuda(), s, z.cuda(), None, bits, 128)
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="wrong results on the H200 with triton 3.6.0 (seventh session); cause not established")
-def test_gpu_8bit_split_k_at_8_warps_is_wrong():
-    """The fault that keeps two 8-bit forms out of the candidates (ops/wna16_dispatch.py,
-    is_experimental). Strict: once a Triton release computes it right, this XPASSes and fails, the
-    sign to offer those forms again. The same tile with num_stages 1 or 4 warps is right."""
+def test_gpu_8bit_tiles_that_computed_wrong_results():
+    """The 8-bit tiles that computed wrong results on the H200 from the seventh to the fourteenth
+    session (ptxas wrote registers of wgmmas in flight; ops/wna16_tma.py): 8 warps with split-K
+    (errors up to a third of the output's range), 8 warps at split 1 on an odd shape (NaN), and
+    ``TAIL_SPLIT`` at 4 warps."""
     x, qw, s, z, b = make_problem(256, 512, 1024, 8, 128, torch.bfloat16, asym=False, bias=False, device="cuda")
-    cfg = {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}
-    assert_close_to_ref(wna16_tma(x, qw, s, z, b, 8, 128, cfg), x, qw, s, z, b, 8, 128)
+    for cfg in ({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3},
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}):
+        assert_close_to_ref(wna16_tma(x, qw, s, z, b, 8, 128, cfg), x, qw, s, z, b, 8, 128)
+    x, qw, s, z, b = make_problem(300, 1000, 2944, 8, 64, torch.float16, asym=True, bias=True, device="cuda")
+    for cfg in ({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3},
+                {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "TAIL_SPLIT": 2, "WAVE_PROGRAMS": 7, "num_warps": 4, "num_stages": 3}):
+        assert_close_to_ref(wna16_tma(x, qw, s, z, b, 8, 64, cfg), x, qw, s, z, b, 8, 64)

@@ -59,3 +59,39 @@ def test_every_kernel_compiles_with_its_launchers_options():
         options = sass.launch_options(fn)
         assert options["num_stages"] in (1, 2, 3, 4), kernel
         assert options.get("enable_fp_fusion", True) is (not kernel.startswith(("w4a8", "w8a8"))), kernel
+
+
+def _wgmma_loop_text(first_wait: int, second_wait: int, top: str) -> str:
+    """A loop of two HGMMAs (register A operands R8-R11 and R12-R15, accumulator R24-R27) whose
+    first instruction is ``top``."""
+    return "\n".join([
+        ".L_x_0:",
+        f"        /*0100*/  {top} ;",
+        "        /*0110*/  WARPGROUP.ARRIVE ;",
+        "        /*0120*/  HGMMA.64x8x16.F32.BF16 R24, R8, gdesc[UR4], R24, gsb0 ;",
+        f"        /*0130*/  WARPGROUP.DEPBAR.LE gsb0, 0x{first_wait} ;",
+        "        /*0140*/  F2FP.BF16.F32.PACK_AB R12, R3, R2 ;",
+        "        /*0150*/  HGMMA.64x8x16.F32.BF16 R24, R12, gdesc[UR8], R24, gsb0 ;",
+        f"        /*0160*/  WARPGROUP.DEPBAR.LE gsb0, 0x{second_wait} ;",
+        "        /*0170*/  @P0 BRA `(.L_x_0) ;",
+        ".L_x_1:",  # an out-of-line barrier retry jumping back into the loop: a longer region
+        "        /*0180*/  @!P1 BRA `(.L_x_1) ;",
+        "        /*0190*/  BRA `(.L_x_0) ;",
+    ])
+
+
+def test_wgmma_pipeline_finds_writes_to_registers_of_a_wgmma_in_flight():
+    # one wgmma left in flight across the back edge: the second one's A operand (R12-R15) is
+    # still being read when the next iteration's first instruction writes R13
+    loop = sass.wgmma_loop(_wgmma_loop_text(1, 1, "LDS.U16 R13, [R2]"))
+    assert [sass.opcode(line) for line in loop][-1] == "BRA" and len(loop) == 8
+    waits, hazards = sass.wgmma_pipeline(loop)
+    assert waits == [1, 1] and len(hazards) == 1 and "LDS.U16 R13" in hazards[0] and "R12" in hazards[0]
+    # R8 (the first wgmma's operand) is retired by then; and the write to R12 inside the loop
+    # comes after the wait that retires the previous iteration's second wgmma
+    assert sass.wgmma_pipeline(sass.wgmma_loop(_wgmma_loop_text(1, 1, "LDS.U16 R9, [R2]")))[1] == []
+    # a 64-bit load into R26-R27 overwrites the accumulator of both wgmmas in flight
+    assert len(sass.wgmma_pipeline(sass.wgmma_loop(_wgmma_loop_text(1, 1, "LDS.64 R26, [R2]")))[1]) == 1
+    # serialized (ptxas C7515): every wait 0, nothing in flight to overwrite
+    assert sass.wgmma_pipeline(sass.wgmma_loop(_wgmma_loop_text(0, 0, "LDS.U16 R13, [R2]"))) == ([0, 0], [])
+    assert sass.wgmma_loop("        /*0000*/  EXIT ;") == []
