@@ -154,15 +154,19 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         cands += _planes_configs(cands, mb, k, gk, exhaustive)
         if mb <= 64:
             cands += _mma_words_configs(m, n, k, group_size, sms, exhaustive)
-    if mb >= 64 and tma_supported(k, bits):
-        # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs)
+    if mb >= 16 and tma_supported(k, bits):
+        # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs); at 16-32
+        # tiles of the bucket's tokens (wgmma's N = 16 / 32), asynchronous in SASS since the
+        # fifteenth session, against mma_words whose wgmma waits every iteration
         small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
+        if mb <= 32:
+            small = [(mb, 128, 128, 4, 4), (mb, 64, 128, 4, 4), (mb, 128, 64, 4, 4), (mb, 256, 64, 8, 4)]
         for bm, bn, bk, warps, stages in small + _weight_major_tiles(mb, exhaustive):
             bk = min(bk, gk)
             # split-K where the grid has fewer than ~2 tiles per SM (N = 4096 or 8192 at M = 256)
-            # (at most 4: each split adds a float32 [M, N] partial to write and reread)
+            # (at most 4, 8 for the decode tiles: each split adds a float32 [M, N] partial to write and reread)
             split = _split_for(_cdiv(m, bm) * _cdiv(n, bn), k, bk, sms)
-            for sp in [s for s in (1, 2, 4) if s <= split]:
+            for sp in [s for s in (1, 2, 4, 8) if s <= split and (s < 8 or bm <= 32)]:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages})
             # opt-in: the tiles past the last whole wave split 2 ways along K (M = 512 on 28672x4096: 448

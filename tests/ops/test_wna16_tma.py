@@ -96,7 +96,9 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
         return [c for c in cands if c["kernel"] == "tiled_tma"]
 
     assert tma(256, 4096) and tma(4096, 4096) and tma(64, 4096) and tma(256, 4096, bits=8)
-    assert not tma(32, 4096) and not tma(16, 4096) and not tma(256, 4080) and not tma(256, 4088, bits=8)
+    assert not tma(8, 4096) and not tma(256, 4080) and not tma(256, 4088, bits=8)
+    # M buckets 16-32: tiles of the bucket's tokens, split up to 8
+    assert all(c["BLOCK_M"] == m and c["SPLIT_K"] <= 8 for m in (16, 32) for c in tma(m, 4096) if c["BLOCK_M"] < 64) and tma(16, 4096, bits=8)
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
     # measured on the H200: from M bucket 64, 4- and 8-bit, 4 and 8 warps (8-bit at 8 warps again
     # since the fifteenth session); TAIL_SPLIT opt-in
