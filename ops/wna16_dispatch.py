@@ -180,14 +180,16 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
     # the family measured fastest on the H200 for this M: at M = 1 a GEMV (the word GEMV where
     # offered); 4-bit at M = 2..32 tiled_planes (fastest at every such point timed, runs E / F);
-    # 4-bit at M >= 64 the TMA tiles; otherwise the tiled kernel, which the list starts with
+    # at M >= 64 the TMA tiles; otherwise the tiled kernel, which the list starts with
     if mb == 1:
         first = "gemv_words" if any(c["kernel"] == "gemv_words" for c in cands) else "gemv"
     elif mb <= 32 and any(c["kernel"] == "mma_words" for c in cands):  # best at M = 16 on every shape (eighth session)
         first = "mma_words"
     elif mb <= 32 and any(c["kernel"] == "tiled_planes" for c in cands):
         first = "tiled_planes"
-    elif bits == 4 and mb >= 64 and any(c["kernel"] == "tiled_tma" for c in cands):  # best at M = 64-1024 (BENCHMARKS.md, sixth and seventh sessions)
+    elif mb >= 64 and any(c["kernel"] == "tiled_tma" for c in cands):
+        # best at M = 64-1024: 4-bit since the sixth / seventh sessions, 8-bit since the fifteenth
+        # (48 of the shipped 70 8-bit keys from M bucket 64, all of them at M = 64-1024; BENCHMARKS.md)
         first = "tiled_tma"
     else:
         first = "tiled"

@@ -189,7 +189,7 @@ def test_candidate_families_by_m_bucket(m):
     assert bool(mma) == (m <= 64) and all(c["BLOCK_M"] == max(16, min(64, m_bucket(m))) for c in mma)
     assert not any(c["kernel"] == "mma_words" for c in candidate_configs(m, 4096, 4096, 8, 128) + candidate_configs(m, 4096, 4160, 4, -1))
     assert cands[0]["kernel"] == ("gemv_words" if m == 1 else "mma_words" if m <= 32 else "tiled_tma")
-    assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv_words" if m == 1 else "tiled")
+    assert candidate_configs(m, 4096, 4096, 8, 128)[0]["kernel"] == ("gemv_words" if m == 1 else "tiled" if m <= 32 else "tiled_tma")
     assert all(c.get("BLOCK_K", 0) <= 128 for c in cands)
 
 

@@ -108,7 +108,7 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert any("TAIL_SPLIT" in c for c in tma(512, 4096, bits=8)) and not any("TAIL_SPLIT" in c for c in tma(512, 4096, bits=8, usable=True))
     assert candidate_configs(256, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(64, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
-    assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] != "tiled_tma"
+    assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] == "tiled_tma"
     assert not any(is_experimental(c, bits) for bits in (4, 8) for c in tma(128, 4096, bits=bits))
     tails = [c for c in tma(512, 4096) if "TAIL_SPLIT" in c]
     assert tails and all(is_experimental(c, 4) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
@@ -171,9 +171,9 @@ GPU_QUANT = [(-1, torch.bfloat16, True), (32, torch.float16, False), (64, torch.
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size,dtype,asym", GPU_QUANT)
 def test_gpu_every_config(bits, group_size, dtype, asym):
-    """Every config the dispatcher offers for this family (opt-in ones too), at M = 64 to prefill
+    """Every config the dispatcher offers for this family (opt-in ones too), at M = 16 to prefill
     and odd shapes (N % 16 != 0)."""
-    for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944)), (50, (4096, 4096))):
+    for m, (n, k) in ((200, (4000, 4096)), (1024, (4096, 4096)), (300, (1000, 2944)), (50, (4096, 4096)), (12, (4000, 4096)), (30, (1000, 2944))):
         x, qw, s, z, b = make_problem(m, n, k, bits, group_size, dtype, asym, bias=m % 2 == 0, device="cuda")
         for cfg in candidate_configs(m, n, k, bits, group_size):
             if cfg["kernel"] == "tiled_tma":
