@@ -32,19 +32,21 @@ activation dtype). Needs 16-byte weight rows: ``K % 32 == 0`` for 4-bit, ``K % 1
 tiled_tma`` prints it, tests/ops/test_wna16_tma.py checks it on the CPU):
 
 * With the accumulator's zeros written as a constant, LLVM rematerialized them on the loop's
-  zero-trip edge in 10 of the 11 tile shapes the dispatcher offers (all 8-bit ones, and the 4-bit
-  64-token and 128 x 128 tiles). ptxas then found non-wgmma instructions defining accumulator
-  registers inside the wgmma pipeline and serialized every wgmma of the loop (``C7515``; SASS:
-  ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each one). :func:`accumulator_zeros` writes them
-  with an asm ``mov`` that stays before the loop: every offered tile now keeps 3 (BLOCK_K 64) or
-  7 (BLOCK_K 128) wgmmas in flight.
-* The former 8-bit path (codes as uint8, ``(u | 0x4B000000) - (2**23 + z)`` in Triton ops) at
-  8 warps with split-K came out asynchronous, but ptxas wrote the next K tile's register A
-  operands and scales while the wgmmas that read them were still in flight, which PTX leaves
-  undefined: that tile computed wrong results on the H200 (up to a third of the output's range;
-  seventh session), which the interpreter computes right. The same source with asynchronous
-  zeros did it in all 5 tiles checked. The PTX pair planes above do not (0 such writes in every
-  offered tile, 4- and 8-bit), and the 8-warp and ``TAIL_SPLIT`` 8-bit tiles are offered again.
+  zero-trip edge, and ptxas then found non-wgmma instructions defining accumulator registers
+  inside the wgmma pipeline and serialized every wgmma of the loop (``C7515``; SASS:
+  ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each one, though the PTX waits for 3). At split 1 that
+  was every 8-bit tile shape the dispatcher offers and 8 of the 14 4-bit ones (the 64-token tiles,
+  128 x 128, 128 x 256, 256 x 128 x 128). :func:`accumulator_zeros` writes them with an asm
+  ``mov`` that stays before the loop: every offered tile now keeps wgmmas in flight (triton 3.6:
+  3 of a BLOCK_K 64 tile's 4, 7 of a BLOCK_K 128 tile's 8).
+* The former 8-bit path (codes as uint8, ``(u | 0x4B000000) - (2**23 + z)`` in Triton ops) came
+  out asynchronous in 8 of the 14 tile shapes at split 2, and in all 8 ptxas wrote the next K
+  tile's register A operands and scales while the wgmmas that read them were still in flight,
+  which PTX leaves undefined. The 8-warp ones among them computed wrong results on the H200 (up
+  to a third of the output's range; seventh session), which the interpreter computes right. With
+  the zeros fixed, that source did it in all 5 tiles checked. The PTX pair planes above do not:
+  no such write in any of 56 (tile shape, split, quant form) compiles, 4- and 8-bit, triton 3.6
+  and 3.7.1. The 8-warp and ``TAIL_SPLIT`` 8-bit tiles are offered again.
 
 Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
 fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
