@@ -170,14 +170,15 @@ def hot_loop(sass: str) -> list[str]:
 
 
 def wgmma_loop(sass: str) -> list[str]:
-    """The shortest backward-branch region with an HGMMA: the MMA loop itself (a longer one is an
-    out-of-line barrier retry that jumps back into it, spanning the epilogue)."""
-    return min((r for r in _backward_regions(sass) if any(mnemonic(line).startswith("HGMMA") for line in r)), key=len, default=[])
+    """The shortest backward-branch region with a wgmma (HGMMA / IGMMA / QGMMA): the MMA loop itself
+    (a longer one is an out-of-line barrier retry that jumps back into it, spanning the epilogue)."""
+    return min((r for r in _backward_regions(sass) if any(mnemonic(line).startswith(_WGMMA) for line in r)), key=len, default=[])
 
 
 # instructions that write no general register (stores, barriers, branches, async copies, ...)
 _NO_REGISTER_DEST = ("ST", "RED", "BAR", "BRA", "SYNCS", "WARPGROUP", "EXIT", "UTMA", "NOP", "MEMBAR", "FENCE", "CCTL", "WARPSYNC",
-                     "BSSY", "BSYNC", "RET", "CALL", "ERRBAR", "DEPBAR", "HGMMA")
+                     "BSSY", "BSYNC", "RET", "CALL", "ERRBAR", "DEPBAR", "HGMMA", "IGMMA", "QGMMA")
+_WGMMA = ("HGMMA", "IGMMA", "QGMMA")  # wgmma on 16-bit floats, int8, fp8
 
 
 def _registers(operand: str, width: int) -> set[int]:
@@ -195,7 +196,7 @@ def _dest_width(mnem: str) -> int:
 
 def wgmma_pipeline(loop: list[str]) -> tuple[list[int], list[str]]:
     """``(waits, hazards)`` of a loop's wgmmas: the ``WARPGROUP.DEPBAR.LE`` counts in order (0 after
-    every HGMMA: ptxas serialized them), and the instructions that write a register of an HGMMA still
+    every wgmma: ptxas serialized them), and the instructions that write a register of a wgmma still
     in flight (its register A operand or accumulator; PTX leaves that undefined) when the loop runs
     again and again (a DEPBAR with count c retires all but the c newest HGMMAs).
 
@@ -206,7 +207,7 @@ def wgmma_pipeline(loop: list[str]) -> tuple[list[int], list[str]]:
         for line in loop:
             mnem = mnemonic(line)
             operands = [t.strip() for t in re.sub(r"^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?\S+", "", line).split(";")[0].split(",")]
-            if mnem.startswith("HGMMA"):
+            if mnem.startswith(_WGMMA):
                 acc = _registers(operands[0], int(re.search(r"64x(\d+)x", mnem).group(1)) // 2)
                 pending.append((acc | _registers(operands[1], 4), line.strip()))
             elif mnem.startswith("WARPGROUP.DEPBAR"):
