@@ -234,6 +234,8 @@ def _w4a16_tiled_planes_kernel(
             xt = tl.load(x_ptrs, mask=(offs_k < K)[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=w_mask, other=0)
         if JOIN:  # planes back in natural K order: acc^T += (w * s) @ x^T, nothing else in the loop
+            # (opt-in, ops/wna16_dispatch.is_experimental: in some tiles' sm_90 SASS ptxas loads the next
+            # codes into the A registers of a wgmma still in flight, e.g. 16 x 64 x 128 split 2)
             w = planes_in_k_order(b, z, dtype, ASM, HALVES, BLOCK_N, BLOCK_K)
             if GROUP != -1:
                 w = scaled_weights(w, s_raw, dtype, DOT_F32)

@@ -20,7 +20,7 @@ A config is a dict whose ``"kernel"`` names the family:
 * ``"tiled_planes"`` (4-bit, any M): the weights as the MMA's A operand, dequantized by inline
   PTX on packed registers (magic-exponent LOP3 + one packed FMA per code pair;
   ops/w4a16_tiled_planes.py); measured best at M = 2-32 on every shape timed (M = 16:
-  1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels);
+  1.34-1.68x bf16, against 1.10-1.24x for the tiled kernels); ``JOIN`` opt-in;
 * ``"mma_words"`` (4-bit, M bucket <= 64, K % 128 == 0): the natural packing's int32 words
   straight into wgmma's register A operand, the activations permuted in registers to the words'
   code order (ops/w4a16_mma_words.py): 4.7-5.4 SASS instructions per weight byte at g128, no
@@ -249,7 +249,8 @@ def _planes_configs(cands: list[dict], mb: int, k: int, gk: int, exhaustive: boo
         if exhaustive:
             out.append({**c, "kernel": "tiled_planes", "SWAP_AB": False, "PLANES": 2})
         # JOIN: planes joined back to natural K order, the scale on the weights: one asynchronous
-        # wgmma per slice (register A = weights, pipelined shared B = activations)
+        # wgmma per slice (register A = weights, pipelined shared B = activations); opt-in
+        # (is_experimental: ptxas writes registers of wgmmas in flight in some of its tiles)
         join = {**c, "kernel": "tiled_planes", "SWAP_AB": True, "JOIN": True, "SCALE_AFTER_DOT": False}
         out.append({**join, "PLANES": 4 if four_ok and c["BLOCK_K"] >= 64 else 2})
         if exhaustive and four_ok and c["BLOCK_K"] >= 64:
@@ -378,9 +379,16 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     From the seventh to the fourteenth session the 8-bit TMA tiles at 8 warps and with
     ``TAIL_SPLIT`` were not offered: they computed wrong results on the H200. The cause (fifteenth
     session): ptxas wrote registers of wgmmas still in flight; the kernel's 8-bit path changed so
-    that it does not (ops/wna16_tma.py), and they are offered like the 4-bit ones."""
+    that it does not (ops/wna16_tma.py), and they are offered like the 4-bit ones.
+
+    ``tiled_planes`` with ``JOIN`` is opt-in since the sixteenth session for the same hazard:
+    `qfuse bench sass` over every JOIN config the dispatcher offered (three shapes, M = 2-1024;
+    triton 3.6.0, the H200's) found asynchronous wgmmas whose registers ptxas overwrites in flight
+    in 5 of 20 at g128 (triton 3.7.1: 9 of 20), 10 of 32 per-channel, 1 of 20 at g64 and none of
+    13 at g32 (3-58 such writes per loop, e.g. 16 x 64 x 128 split 2), the rest serialized. It was
+    never a shipped pick (0 of the 290 keys; BENCHMARKS.md, sixteenth session)."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
-            or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg))
+            or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg) or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

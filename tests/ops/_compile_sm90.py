@@ -95,6 +95,37 @@ if __name__ == "__main__":
             waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
             print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:2], flush=True)
             continue
+        if case.startswith("offered,"):  # offered,bits,dtype,group,zeros,M,N,K: the SASS wgmma pipeline of each offered wgmma config
+            import json
+
+            import torch
+
+            from qfuse.bench import sass
+            from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental
+
+            _, bits, dtype, group, zeros, m, n, k = case.split(",")
+            seen = {}
+            for cfg in candidate_configs(int(m), int(n), int(k), int(bits), int(group), dtype=torch.bfloat16 if dtype == "bf16" else torch.float16):
+                # the families with wgmma loops, as offered without QFUSE_EXPERIMENTAL_KERNELS
+                if cfg["kernel"] in ("tiled_planes", "mma_words", "tiled_tma") and not is_experimental(cfg, int(bits)):
+                    cfg = {**cfg, "SPLIT_K": min(cfg["SPLIT_K"], 2)}  # every split > 1 compiles the same code
+                    seen.setdefault(json.dumps(cfg, sort_keys=True), cfg)
+            for cfg in seen.values():
+                fn, sig, consts, _ = sass.kernel_spec(cfg["kernel"], int(bits), int(group), zeros == "1", dtype, cfg)
+                waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
+                print("compiled", case, json.dumps(cfg, sort_keys=True), "waits", ",".join(map(str, waits)), "hazards", len(hazards), flush=True)
+            continue
+        if case.startswith("planessass,"):  # planessass,dtype,group,JSON config: the SASS wgmma pipeline of one tiled_planes config
+            import json
+
+            from qfuse.bench import sass
+
+            _, dtype, group, cfg = case.split(",", 3)
+            cfg = {"kernel": "tiled_planes", **json.loads(cfg)}
+            fn, sig, consts, _ = sass.kernel_spec("tiled_planes", 4, int(group), False, dtype, cfg)
+            waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
+            print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:1], flush=True)
+            continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
             _, dtype, group, zeros, split_k, *rest = case.split(",")
             ptx = compile_tma(dtype, int(group), zeros == "1", int(split_k), *(int(v) for v in rest))

@@ -15,6 +15,7 @@ Dequantized weights (the dequant + cuBLAS path) are compared bit for bit.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -25,7 +26,7 @@ import triton.language as tl
 
 from qfuse.ops._wna16_common import dequantize_triton, finish_split, split_counters
 from qfuse.ops._autotune import m_bucket
-from qfuse.ops.wna16_dispatch import candidate_configs, run_config
+from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
 from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
 from qfuse.ops.wna16_gemv import wna16_gemv
 from qfuse.ops.wna16_tiled import wna16_tiled
@@ -376,8 +377,7 @@ def test_gpu_cuda_graph_capture(m):
 
 
 def test_shipped_configs_are_candidates():
-    """Every shipped H200 config is in the (exhaustive) candidate space of its key."""
-    import json
+    """Every shipped H200 config is in the (exhaustive) candidate space of its key, and not opt-in."""
     from pathlib import Path
 
     import qfuse.ops
@@ -388,3 +388,25 @@ def test_shipped_configs_are_candidates():
         op, gpu, mb, n, k, group, dtype, bits = key.split("|")
         assert op == "wna16_gemm" and gpu == "NVIDIA_H200" and dtype in ("bfloat16", "float16")
         assert cfg in candidate_configs(int(mb), int(n), int(k), int(bits), int(group), exhaustive=True, dtype=getattr(torch, dtype)), key
+        assert not is_experimental(cfg, int(bits)), key  # what ships runs without QFUSE_EXPERIMENTAL_KERNELS
+
+
+def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
+    """sm_90 SASS (no GPU) of every config the op may pick without QFUSE_EXPERIMENTAL_KERNELS in the
+    wgmma families (tiled_planes, mma_words, tiled_tma) at two keys: no instruction writes a register
+    of a wgmma still in flight (PTX leaves the result undefined: the 8-bit TMA tiles' wrong results
+    on the H200 until the fifteenth session). The control: tiled_planes' JOIN form at 16 x 64 x 128
+    split 2, opt-in because ptxas does exactly that there (is_experimental)."""
+    from ._sm90_scripts import run_sm90_script
+
+    join = '{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": true, "JOIN": true, "PLANES": 4, "num_warps": 4, "num_stages": 3}'
+    assert is_experimental({"kernel": "tiled_planes", **json.loads(join)}, 4)
+    assert not any(c.get("JOIN") for c in usable_configs(16, 4096, 4096, 4, -1))
+    cases = ["offered,4,bf16,-1,0,16,4096,4096", "offered,8,fp16,128,1,256,4096,4096", f"planessass,bf16,-1,{join}"]
+    lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
+    offered = [line for line in lines if line.startswith("compiled offered,")]
+    kinds = {f for line in offered for f in ("tiled_planes", "mma_words", "tiled_tma") if f'"kernel": "{f}"' in line}
+    assert len(offered) >= 40 and kinds == {"tiled_planes", "mma_words", "tiled_tma"}, lines
+    assert all(line.endswith(" hazards 0") for line in offered), [line for line in offered if not line.endswith(" hazards 0")]
+    control = lines[-1]
+    assert control.startswith("compiled planessass,") and " hazards 0" not in control, control

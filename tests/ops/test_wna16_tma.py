@@ -123,7 +123,8 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
 
 def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
     """The TMA kernel with the planes PTX compiles for Hopper with the installed Triton, and its
-    loop's wgmma (and the tiled_planes JOIN form's) stays asynchronous: the only ``wgmma.wait_group 0`` is the last wait (after the
+    loop's wgmma (and the tiled_planes JOIN form's, opt-in for what ptxas then does with it: see
+    test_wna16_gemm_kernel's SASS test) stays asynchronous: the only ``wgmma.wait_group 0`` is the last wait (after the
     loop); inside it, every wait leaves MMAs in flight. A change that makes Triton wait for
     every slice (a use of the accumulator in the loop, a weight operand stored to shared memory
     in the loop) fails here, on the CPU."""
