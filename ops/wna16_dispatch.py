@@ -302,7 +302,8 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
                 # paired within a byte, so the activations arrive by 4-byte async copies and the wgmma
                 # stays asynchronous where nothing rescales the accumulator in the loop (per-channel,
                 # SCALE_W; PTX wait_group 7 instead of 0);
-                # +15 % loop instructions (sm_90 SASS, 128 rows / 4 warps, per-channel: 344 against 298)
+                # +15 % loop instructions (sm_90 SASS, 128 rows / 4 warps, per-channel: 344 against 298);
+                # and in 9 of its 12 g128 tiles ptxas writes registers of wgmmas in flight (sixteenth session)
                 if bn == 128 and not cap and (sw or group_size == -1):
                     out.append({**c, "BYTE_PAIRS": True})
     return out
@@ -386,7 +387,9 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     triton 3.6.0, the H200's) found asynchronous wgmmas whose registers ptxas overwrites in flight
     in 5 of 20 at g128 (triton 3.7.1: 9 of 20), 10 of 32 per-channel, 1 of 20 at g64 and none of
     13 at g32 (3-58 such writes per loop, e.g. 16 x 64 x 128 split 2), the rest serialized. It was
-    never a shipped pick (0 of the 290 keys; BENCHMARKS.md, sixteenth session)."""
+    never a shipped pick (0 of the 290 keys; BENCHMARKS.md, sixteenth session). The same sweep
+    found such writes in 9 of the 12 opt-in ``mma_words`` ``BYTE_PAIRS`` tiles at g128: they must
+    not be offered by default on speed alone."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
             or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg) or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
 
