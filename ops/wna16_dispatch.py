@@ -29,7 +29,7 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200; ``TAIL_SPLIT`` is opt-in;
+  M = 64-2048 on the H200; ``TAIL_SPLIT`` and ``WORDS`` (not yet run on a GPU) are opt-in;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -169,6 +169,11 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             for sp in [s for s in (1, 2, 4, 8) if s <= split and (s < 8 or bm <= 32)]:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages})
+                # opt-in, not yet run on a GPU: the int32 words in wgmma's lane order, the activations permuted
+                # to match once per call (ops/wna16_tma.py, WORDS; sm_90 SASS: loop 19-39 % shorter, but a
+                # wgmma drain per K tile)
+                if bits == 4 and k % bk == 0:
+                    cands.append({**cands[-1], "WORDS": True})
             # opt-in: the tiles past the last whole wave split 2 ways along K (M = 512 on 28672x4096: 448
             # tiles of 256x128 at one program per SM are 3.39 waves); TAIL_WAVE: programs per SM of
             # the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2)
@@ -374,8 +379,9 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
-    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1) and ``TAIL_SPLIT`` (right on the
-    H200, never the fastest).
+    ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the
+    H200, never the fastest) and the TMA tiles' ``WORDS`` form (sixteenth session: CPU-tested only,
+    not yet run on a GPU).
 
     From the seventh to the fourteenth session the 8-bit TMA tiles at 8 warps and with
     ``TAIL_SPLIT`` were not offered: they computed wrong results on the H200. The cause (fifteenth
@@ -391,7 +397,8 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     found such writes in 9 of the 12 opt-in ``mma_words`` ``BYTE_PAIRS`` tiles at g128: they must
     not be offered by default on speed alone."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
-            or (cfg["kernel"] == "tiled_tma" and "TAIL_SPLIT" in cfg) or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
+            or (cfg["kernel"] == "tiled_tma" and ("TAIL_SPLIT" in cfg or bool(cfg.get("WORDS"))))
+            or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

@@ -48,6 +48,24 @@ tiled_tma`` prints it, tests/ops/test_wna16_tma.py checks it on the CPU):
   no such write in any of 56 (tile shape, split, quant form) compiles, 4- and 8-bit, triton 3.6
   and 3.7.1. The 8-warp and ``TAIL_SPLIT`` 8-bit tiles are offered again.
 
+Those register writes are a known Triton bug, triton-lang/triton#9433 (open): the pipeliner's wait
+after a dot whose A operand is in registers guarantees only that the first of its wgmmas is done
+when the next K tile's values are computed, so whether a tile is hit depends on ptxas's register
+allocation. tests/ops/test_wna16_gemm_kernel.py checks every default-offered config's SASS for it.
+
+**``WORDS``** (4-bit, opt-in, ``K % BLOCK_K == 0``; sixteenth session, CPU-tested, not yet run on a
+GPU): the bytes path above reads the weight tile from shared memory one byte per ``LDS.U8`` and
+gathers the bytes with PRMTs, because wgmma's A fragment gives a lane the k pairs ``(2c, 2c + 1)``,
+``(2c + 8, 2c + 9)`` of every 16-deep step: strided bytes. ``WORDS`` takes ops/w4a16_mma_words.py's
+way instead: int32 words by TMA, :func:`word_planes` (a word's 8 codes straight into one lane's A
+registers of two steps, 11 instructions per word, 15 with the group scale), and the activations
+permuted to the same order once per call (:func:`word_order`, a copy of ``x``). sm_90 SASS of the
+loop, triton 3.6, g128 bf16: 16 x 128 x 128 / 4 warps 398 instructions against 653, 256 x 128 x 64
+/ 8 warps 185 against 229. Without a drain that loop hits triton#9433 in every tile checked, so
+each K tile first waits for the last one's wgmmas (``_DRAINED``: one ``wgmma.wait_group 0`` per 4
+words a thread holds): no write under a wgmma in flight, but this K tile's dequantization no
+longer overlaps the last one's MMAs in the same warps.
+
 Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
 fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
 the shipped picks at M = 16-1024, and with split-K it computed wrong sums and left the persistent
@@ -117,12 +135,90 @@ def accumulator_zeros(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.cons
         return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
 
 
+def _word_pairs_asm(magic: int, ty: str, scaled: bool) -> str:
+    """One int32 word (``$4``; ``$5`` the same word) -> its 4 code pairs p = nibbles (p, p + 4) as
+    packed ``u - z`` (``$6`` = the pair -(MAGIC + z)) or, ``scaled``, ``dtype((u - z) * s)`` (``$7`` =
+    the pair s), each in a 32-bit output: ops/w4a16_mma_words.py's trick, add / mul instead of fma
+    (sm_90 has bf16x2 add and mul; fma's constant 1.0 took a register that ptxas then reused as an
+    A operand of a wgmma in flight)."""
+    body = ""
+    for p in range(4):
+        src = "$4" if p == 0 else "t"
+        if p:
+            body += f"shr.u32 t, $4, {4 * p};\n"
+        body += f"lop3.b32 v, {src}, 0x000F000F, {magic:#x}, 0xEA;\n"
+        body += f"add.rn.{ty} v, v, $6;\nmul.rn.{ty} ${p}, v, $7;\n" if scaled else f"add.rn.{ty} ${p}, v, $6;\n"
+    return "{\n.reg .b32 v, t;\n" + body + "}"
+
+
+_WORD_PAIRS = {(dt, scaled): tl.constexpr(_word_pairs_asm(magic, ty, scaled))
+               for dt, magic, ty in (("bf16", 0x43004300, "bf16x2"), ("fp16", 0x64006400, "f16x2"))
+               for scaled in (False, True)}
+_WORD_PAIRS_BF16, _WORD_PAIRS_BF16_SCALED = _WORD_PAIRS["bf16", False], _WORD_PAIRS["bf16", True]
+_WORD_PAIRS_FP16, _WORD_PAIRS_FP16_SCALED = _WORD_PAIRS["fp16", False], _WORD_PAIRS["fp16", True]
+# 4 registers unchanged, after every wgmma in flight is done
+_DRAINED = tl.constexpr("wgmma.wait_group.sync.aligned 0;\nmov.b32 $0, $4;\nmov.b32 $1, $5;\nmov.b32 $2, $6;\nmov.b32 $3, $7;")
+
+
+@triton.jit
+def word_planes(words, z, s, dtype: tl.constexpr, SCALED: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 ``words [BLOCK_N, 4, Q]`` (word ``Qc + q`` of a row's ``BLOCK_K`` codes, ``Q = BLOCK_K / 32``)
+    -> ``u - z`` (``SCALED``: ``dtype((u - z) * s)``, the reference's one rounding) as ``dtype
+    [BLOCK_N, BLOCK_K]`` in the order :func:`word_order` gives the activations: pair p of word
+    ``Qc + q`` (nibbles p, p + 4; ``p = 2sl + h``, e = 0 / 1) at ``k' = 32q + 16sl + 8h + 2c + e``,
+    which puts a word's 8 codes in lane c's A registers of 16-deep steps ``2q`` and ``2q + 1``.
+    ``z``, ``s``: per row (float32, ``dtype``). Each asm output is a 32-bit register of one pair."""
+    Q: tl.constexpr = BLOCK_K // 32
+    MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    shape: tl.constexpr = (BLOCK_N, 4, Q, 2)
+    if ASM:  # wgmma.wait_group 0 first (once per 4 words a thread holds): Triton's pipelined wait leaves wgmmas of
+        # the last K tile in flight whose register A operands this tile's values would overwrite
+        # (triton-lang/triton#9433; `qfuse bench sass tiled_tma` finds such writes in this loop without it).
+        # Pure, so Triton's layouts propagate through it (impure, the words came in a blocked layout plus
+        # shuffles); it cannot move before this tile's words are loaded
+        words = tl.inline_asm_elementwise(_DRAINED, "=r,=r,=r,=r,r,r,r,r", [words], dtype=tl.int32, is_pure=True, pack=4)
+    w2 = tl.join(words, words)  # [n, c, q, e]: the word twice, so that a pair (e = 0, 1) is one packed register
+    neg = (-(z + MAGIC)).to(dtype)
+    neg = tl.broadcast_to(neg[:, None, None, None], shape)
+    s2 = tl.broadcast_to(s[:, None, None, None], shape)
+    if ASM:
+        if dtype == tl.bfloat16:
+            if SCALED:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+            else:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+        else:
+            if SCALED:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+            else:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+    else:
+        e = tl.arange(0, 2)[None, None, None, :]
+        zf = (z + 0.0)[:, None, None, None]
+        sf = s.to(tl.float32)[:, None, None, None]
+        p0 = _pair_values(w2, e, 0, zf, sf, dtype, SCALED)
+        p1 = _pair_values(w2, e, 1, zf, sf, dtype, SCALED)
+        p2 = _pair_values(w2, e, 2, zf, sf, dtype, SCALED)
+        p3 = _pair_values(w2, e, 3, zf, sf, dtype, SCALED)
+    a = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [n, c, q, e, h, sl]
+    return tl.reshape(tl.permute(a, (0, 2, 5, 4, 1, 3)), (BLOCK_N, BLOCK_K))  # [n, q, sl, h, c, e]: k' order
+
+
+@triton.jit
+def _pair_values(w2, e, p: tl.constexpr, zf, sf, dtype: tl.constexpr, SCALED: tl.constexpr):
+    """The interpreter's pair p (nibble p + 4e of each word), as the PTX computes it."""
+    v = ((w2 >> (4 * p + 16 * e)) & 15).to(tl.float32) - zf
+    if SCALED:
+        v = v * sf
+    return v.to(dtype)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _wna16_tma_kernel(
     x_desc, w_desc, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, M, N, K, G, K_PER_SPLIT,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES,
+    ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES, WORDS: tl.constexpr = False,
 ):  # fmt: skip
     if TAIL_SPLIT > 1:  # programs >= FULL_TILES: TAIL_SPLIT slices of K of each tile past the last whole wave
         is_tail = tl.program_id(0) >= FULL_TILES
@@ -154,14 +250,20 @@ def _wna16_tma_kernel(
             if HAS_ZEROS:
                 z = tl.load(z_ptr + rn * G + g).to(tl.float32)
         xt = x_desc.load([pid_m * BLOCK_M, k0])  # [BLOCK_M, BLOCK_K]
-        if BITS == 4:
+        if WORDS:  # 4-bit int32 words in wgmma's lane order; the activations arrive permuted the same (word_order)
+            words = tl.reshape(w_desc.load([pid_n * BLOCK_N, k0 // 8]), (BLOCK_N, 4, BLOCK_K // 32))  # [n, c, q]: word Qc + q
+            if GROUP != -1:
+                w = word_planes(words, z, s, dtype, True, ASM, BLOCK_N, BLOCK_K)  # k' order, scaled
+            else:  # per-channel: the scale after the loop (the z argument stands in for the unused scale)
+                w = word_planes(words, z, z.to(dtype), dtype, False, ASM, BLOCK_N, BLOCK_K)
+        elif BITS == 4:
             b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
             w = planes_in_k_order(b, z, dtype, ASM, False, BLOCK_N, BLOCK_K)  # u - z, exact
         else:
             h = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] int16 code pairs (k = 2j, 2j + 1)
             even, odd = byte_pair_planes(h, z, dtype, ASM, BLOCK_N, BLOCK_K // 2)  # u - z, exact
             w = tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_K))
-        if GROUP != -1:  # scaled_weights(w, s, dtype, DOT_F32), written out: through the call, triton 3.6
+        if GROUP != -1 and not WORDS:  # scaled_weights(w, s, dtype, DOT_F32), written out: through the call, triton 3.6
             # scheduled the 256x64x64 g64 split-4 tile differently, and these loops ran on the H200 as is
             if DOT_F32:  # the interpreter has no bf16 arithmetic: float32, then round
                 w = (w.to(tl.float32) * s.to(tl.float32)[:, None]).to(dtype)
@@ -193,6 +295,15 @@ def _store_tail_split(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs
                      out_ptr + (idx - local), tile, pid_k, tail_tiles * (BLOCK_M * BLOCK_N), TAIL_SPLIT, HAS_BIAS)
     else:  # a whole tile: the plain epilogue
         store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, 0, M, N, G, GROUP, HAS_BIAS, 1)
+
+
+def word_order(x: Tensor, block_k: int) -> Tensor:
+    """``x [M, K]`` with each ``block_k`` tile's columns in the order ``WORDS`` gives the MMA the
+    codes (a copy): natural ``k = 8w + 4e + 2sl + h`` of word ``w = Qc + q`` (``Q = block_k / 32``)
+    at ``k' = 32q + 16sl + 8h + 2c + e``, the order of ops/w4a16_mma_words.py."""
+    m, k = x.shape
+    q = block_k // 32
+    return x.reshape(m, k // block_k, 4, q, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
 
 
 def tma_supported(k: int, bits: int = 4) -> bool:
@@ -232,16 +343,21 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
         grid = (tiles, split_k)
         out, ws, counts = output_buffers(x, n, split_k, grid[0])
-    x, qweight = tma_aligned(x.contiguous()), tma_aligned(qweight.contiguous())
-    # 8-bit: the code bytes as int16 pairs [N, K / 2] (the kernel's PTX takes two pairs per register)
-    w_desc = TensorDescriptor.from_tensor(qweight if bits == 4 else qweight.view(torch.int16), [bn, bk // 2])
+    words = bool(cfg.get("WORDS", False))
+    if words and (bits != 4 or k % bk):
+        raise ValueError(f"wna16_tma: WORDS needs 4-bit codes and K % BLOCK_K == 0; got bits={bits}, K={k}, BLOCK_K={bk}")
+    x, qweight = tma_aligned(word_order(x, bk) if words else x.contiguous()), tma_aligned(qweight.contiguous())
+    if words:  # int32 words [N, K / 8]
+        w_desc = TensorDescriptor.from_tensor(qweight.view(torch.int32), [bn, bk // 8])
+    else:  # 8-bit: the code bytes as int16 pairs [N, K / 2] (the kernel's PTX takes two pairs per register)
+        w_desc = TensorDescriptor.from_tensor(qweight if bits == 4 else qweight.view(torch.int16), [bn, bk // 2])
     _wna16_tma_kernel[grid](
         TensorDescriptor.from_tensor(x, [bm, bk]), w_desc,
         scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, scales.shape[1], k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        TAIL_SPLIT=tail_split, FULL_TILES=full,
+        TAIL_SPLIT=tail_split, FULL_TILES=full, WORDS=words,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
     )  # fmt: skip
     return out

@@ -77,9 +77,10 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
 
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"] if group == -1 else min(cfg["BLOCK_K"], group)
         consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_K=bk, GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=cfg.get("TAIL_SPLIT", 0))
-        # the kernel's parameters in order (FULL_TILES comes after the constexprs); 8-bit codes as int16 pairs
-        args = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]>",
+                      BLOCK_K=bk, GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=cfg.get("TAIL_SPLIT", 0), WORDS=bool(cfg.get("WORDS", False)))
+        # the kernel's parameters in order (FULL_TILES comes after the constexprs); 8-bit codes as int16 pairs, WORDS as int32 words
+        w_block = f"i32[{bn}, {bk // 8}]" if consts["WORDS"] else f"{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]"
+        args = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{w_block}>",
                 "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32",
                 "M": "i32", "N": "i32", "K": "i32", "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
         sig = {q.name: args.get(q.name, "constexpr") for q in fn.params}

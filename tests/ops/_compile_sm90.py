@@ -86,11 +86,12 @@ if __name__ == "__main__":
             ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps), flags[0] == "1", flags[1] == "1")
             print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
             continue
-        if case.startswith("tmasass,"):  # tmasass,bits,dtype,group,zeros,BLOCK_M,BLOCK_N,BLOCK_K,warps,stages,split_k: the SASS wgmma pipeline
+        if case.startswith("tmasass,"):  # tmasass,bits,dtype,group,zeros,BLOCK_M,BLOCK_N,BLOCK_K,warps,stages,split_k[,words]: the SASS wgmma pipeline
             from qfuse.bench import sass
 
-            _, bits, dtype, group, zeros, bm, bn, bk, warps, stages, split_k = case.split(",")
-            cfg = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(warps), "num_stages": int(stages), "SPLIT_K": int(split_k)}
+            _, bits, dtype, group, zeros, bm, bn, bk, warps, stages, split_k, *words = case.split(",")
+            cfg = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(warps), "num_stages": int(stages), "SPLIT_K": int(split_k),
+                   "WORDS": words == ["1"]}
             fn, sig, consts, _ = sass.kernel_spec("tiled_tma", int(bits), int(group), zeros == "1", dtype, cfg)
             waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
             print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:2], flush=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, usable_configs
-from qfuse.ops.wna16_tma import tma_supported, wna16_tma
+from qfuse.ops.wna16_tma import tma_supported, wna16_tma, word_order
 from tests.ops._sm90_scripts import run_sm90_script
 from tests.ops.test_w4a16_tiled_planes import _codes_at_the_extremes
 from tests.ops.test_wna16_gemm_kernel import assert_close_to_ref, make_problem
@@ -67,6 +67,39 @@ def test_tolerance_catches_swapped_nibbles():
         assert_close_to_ref(wna16_tma(x, swapped, s, z, b, 4, 64, CFG), x, qw, s, z, b, 4, 64)
 
 
+@pytest.mark.parametrize("group_size,split_k,block_k", [(-1, 1, 64), (32, 2, 32), (64, 1, 64), (128, 2, 128), (128, 3, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("asym", [False, True])
+def test_interpreter_words(group_size, split_k, block_k, dtype, asym):
+    """WORDS: int32 words in wgmma's lane order against activations permuted the same (4-bit; M and
+    N past the tile, split 3 with a slice wholly past K)."""
+    x, qw, s, z, b = make_problem(37, 40, 256, 4, group_size, dtype, asym, bias=asym)
+    out = wna16_tma(x, qw, s, z, b, 4, group_size, {**CFG, "BLOCK_K": block_k, "SPLIT_K": split_k, "WORDS": True})
+    assert_close_to_ref(out, x, qw, s, z, b, 4, group_size)
+
+
+def test_word_order_is_mma_words_order():
+    """word_order at BLOCK_K = 128 is ops/w4a16_mma_words.py's in-kernel activation permutation
+    (natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e); at 64, the same with two
+    words per lane; a permutation of each tile's columns."""
+    x = torch.arange(2 * 256, dtype=torch.float32).reshape(2, 256)
+    mma_words = x.reshape(2, 2, 4, 4, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4).reshape(2, 256)  # [m, tile, q, sl, h, c, e]
+    assert torch.equal(word_order(x, 128), mma_words)
+    kp = torch.arange(64)
+    q, sl, h, c, e = kp // 32, (kp // 16) % 2, (kp // 8) % 2, (kp // 2) % 4, kp % 2
+    assert torch.equal(word_order(x, 64)[0, :64], x[0, 8 * (2 * c + q) + 4 * e + 2 * sl + h])
+    assert torch.equal(word_order(x, 64).sort(dim=1).values, x)
+
+
+def test_words_rejects_8bit_and_partial_tiles():
+    x, qw, s, z, b = make_problem(2, 16, 160, 4, -1, torch.bfloat16, asym=False, bias=False)
+    with pytest.raises(ValueError, match="WORDS needs"):
+        wna16_tma(x, qw, s, z, b, 4, -1, {**CFG, "WORDS": True})  # K = 160 is not whole 64-code tiles
+    x, qw, s, z, b = make_problem(2, 16, 128, 8, -1, torch.bfloat16, asym=False, bias=False)
+    with pytest.raises(ValueError, match="WORDS needs"):
+        wna16_tma(x, qw, s, z, b, 8, -1, {**CFG, "WORDS": True})
+
+
 def test_unaligned_operands_are_copied():
     """A descriptor base must be 16-byte aligned: views that start mid-buffer still run."""
     x, qw, s, z, b = make_problem(3, 16, 128, 4, -1, torch.bfloat16, asym=True, bias=False)
@@ -109,7 +142,12 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert candidate_configs(256, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(64, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] == "tiled_tma"
-    assert not any(is_experimental(c, bits) for bits in (4, 8) for c in tma(128, 4096, bits=bits))
+    assert not any(is_experimental(c, bits) for bits in (4, 8) for c in tma(128, 4096, bits=bits) if "WORDS" not in c)
+    # WORDS: 4-bit, opt-in (not yet run on a GPU), the twin of an offered tile
+    words = [c for c in tma(256, 4096) if c.get("WORDS")]
+    assert words and all(is_experimental(c, 4) and {**c, "WORDS": False} in [{**d, "WORDS": False} for d in tma(256, 4096) if not d.get("WORDS")]
+                         for c in words)
+    assert not any(c.get("WORDS") for c in tma(256, 4096, bits=8) + tma(256, 4096, usable=True))
     tails = [c for c in tma(512, 4096) if "TAIL_SPLIT" in c]
     assert tails and all(is_experimental(c, 4) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
     assert not any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
@@ -148,16 +186,19 @@ def test_sass_keeps_wgmmas_in_flight_and_their_registers_untouched():
     """sm_90 SASS of offered tiles (4- and 8-bit, both dtypes, all group forms, split-K): ptxas
     keeps wgmmas in flight (no ``WARPGROUP.DEPBAR`` 0 in the loop: the C7515 serialization that a
     constant-zero accumulator caused) and never writes a register of one in flight (the hazard
-    behind the 8-bit 8-warp tiles' wrong results on the H200). ops/wna16_tma.py, module docstring."""
+    behind the 8-bit 8-warp tiles' wrong results on the H200). ops/wna16_tma.py, module docstring.
+    The WORDS tiles keep wgmmas in flight within a K tile and drain them before the next one's values."""
     cases = ["tmasass,8,bf16,128,0,256,128,64,8,3,2",  # the 8-bit tile that computed wrong results
              "tmasass,8,fp16,-1,1,256,64,64,4,3,1", "tmasass,8,bf16,128,1,128,128,128,8,3,1", "tmasass,8,fp16,32,0,64,128,64,4,4,4",
              "tmasass,4,bf16,128,0,256,128,64,8,4,1", "tmasass,4,fp16,-1,1,64,128,64,4,4,2", "tmasass,4,bf16,128,0,128,128,128,8,3,1",
-             "tmasass,4,bf16,64,1,64,256,64,8,4,1"]
+             "tmasass,4,bf16,64,1,64,256,64,8,4,1",
+             "tmasass,4,bf16,128,0,256,128,64,8,3,1,1", "tmasass,4,fp16,-1,1,16,128,128,4,4,2,1"]  # WORDS (opt-in)
     lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
     assert len(lines) == len(cases)
     for line in lines:
         waits = [int(w) for w in line.split(" waits ")[1].split(" ")[0].split(",")]
-        assert waits and min(waits) > 0, line
+        words = len(line.split(" waits ")[0].split(",")) == 12  # the optional WORDS field
+        assert waits and (max(waits) > 0 if words else min(waits) > 0), line  # WORDS: drains (0) and in-flight waits
         assert " hazards 0" in line, line
 
 
