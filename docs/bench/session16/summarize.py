@@ -7,7 +7,7 @@ for fn in sorted(glob.glob(sys.argv[1])):
     err=sum('error' in r for r in rs)
     for r in rs:
         if 'error' in r: continue
-        c=r['cfg']; kind=(r['bits'],c['kernel']+("+JOIN" if c.get('JOIN') else "")+("+BP" if c.get('BYTE_PAIRS') else "")+("+TAIL" if c.get('TAIL_SPLIT') else "")+("+CAP" if c.get('MAXNREG') else ""))
+        c=r['cfg']; kind=(r['bits'],c['kernel']+("+JOIN" if c.get('JOIN') else "")+("+BP" if c.get('BYTE_PAIRS') else "")+("+TAIL" if c.get("TAIL_SPLIT") else "")+("+WORDS" if c.get("WORDS") else "")+("+CAP" if c.get('MAXNREG') else ""))
         state = "serial" if r['waits']==[0] else ("nowait" if not r['waits'] else "async")
         agg[kind][state+("+HAZ" if r['hazards'] else "")]+=1
     print(fn.split('/')[-1], len(rs), "errors", err)
