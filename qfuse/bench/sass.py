@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if mma_loop:
         waits, hazards = wgmma_pipeline(mma_loop)
         mode = "serialized" if waits and max(waits) == 0 else "asynchronous"
+        # the MMA loop alone (the hot loop above may be a longer region around it, e.g. a split-K epilogue's)
+        print(f"wgmma loop {len(mma_loop)} instructions, {len(mma_loop) * warps * 32 / loop_bytes:.2f} per weight byte")
         print(f"wgmma waits {','.join(map(str, waits))} ({mode}); {len(hazards)} writes to registers of a wgmma in flight")
         for line in hazards[:5]:
             print("  " + line)

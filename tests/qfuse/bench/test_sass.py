@@ -61,6 +61,16 @@ def test_every_kernel_compiles_with_its_launchers_options():
         assert options.get("enable_fp_fusion", True) is (not kernel.startswith(("w4a8", "w8a8"))), kernel
 
 
+def test_tiled_tma_prints_its_wgmma_loop(capfd):
+    """The TMA kernel (a WORDS tile): the MMA loop's own count and its waits and register writes."""
+    cfg = '{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "WORDS": 1}'
+    assert sass.main(["tiled_tma", "--group", "-1", "--config", cfg]) == 0
+    out = capfd.readouterr().out
+    loop = int(out.split("wgmma loop ")[1].split()[0])
+    assert 0 < loop <= int(out.split(" loop ")[1].split()[0]), out  # within the hot loop
+    assert "per weight byte" in out and " 0 writes to registers of a wgmma in flight" in out, out
+
+
 def _wgmma_loop_text(first_wait: int, second_wait: int, top: str) -> str:
     """A loop of two HGMMAs (register A operands R8-R11 and R12-R15, accumulator R24-R27) whose
     first instruction is ``top``."""
