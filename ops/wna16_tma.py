@@ -167,7 +167,8 @@ def word_planes(words, z, s, dtype: tl.constexpr, SCALED: tl.constexpr, ASM: tl.
     [BLOCK_N, BLOCK_K]`` in the order :func:`word_order` gives the activations: pair p of word
     ``Qc + q`` (nibbles p, p + 4; ``p = 2sl + h``, e = 0 / 1) at ``k' = 32q + 16sl + 8h + 2c + e``,
     which puts a word's 8 codes in lane c's A registers of 16-deep steps ``2q`` and ``2q + 1``.
-    ``z``, ``s``: per row (float32, ``dtype``). Each asm output is a 32-bit register of one pair."""
+    ``z``, ``s``: per row (float32, ``dtype``; ``s`` unused without ``SCALED``). Each asm output is a
+    32-bit register of one pair."""
     Q: tl.constexpr = BLOCK_K // 32
     MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
     shape: tl.constexpr = (BLOCK_N, 4, Q, 2)
@@ -178,24 +179,23 @@ def word_planes(words, z, s, dtype: tl.constexpr, SCALED: tl.constexpr, ASM: tl.
         # shuffles); it cannot move before this tile's words are loaded
         words = tl.inline_asm_elementwise(_DRAINED, "=r,=r,=r,=r,r,r,r,r", [words], dtype=tl.int32, is_pure=True, pack=4)
     w2 = tl.join(words, words)  # [n, c, q, e]: the word twice, so that a pair (e = 0, 1) is one packed register
-    neg = (-(z + MAGIC)).to(dtype)
-    neg = tl.broadcast_to(neg[:, None, None, None], shape)
-    s2 = tl.broadcast_to(s[:, None, None, None], shape)
+    neg = tl.broadcast_to((-(z + MAGIC)).to(dtype)[:, None, None, None], shape)
     if ASM:
-        if dtype == tl.bfloat16:
-            if SCALED:
+        if SCALED:
+            s2 = tl.broadcast_to(s[:, None, None, None], shape)
+            if dtype == tl.bfloat16:
                 p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
             else:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
-        else:
-            if SCALED:
                 p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+        else:
+            if dtype == tl.bfloat16:
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16, "=r,=r,=r,=r,r,r,r", [w2, neg], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
             else:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16, "=r,=r,=r,=r,r,r,r", [w2, neg], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
     else:
         e = tl.arange(0, 2)[None, None, None, :]
-        zf = (z + 0.0)[:, None, None, None]
-        sf = s.to(tl.float32)[:, None, None, None]
+        zf = z[:, None, None, None]
+        sf = s.to(tl.float32)[:, None, None, None]  # unused without SCALED
         p0 = _pair_values(w2, e, 0, zf, sf, dtype, SCALED)
         p1 = _pair_values(w2, e, 1, zf, sf, dtype, SCALED)
         p2 = _pair_values(w2, e, 2, zf, sf, dtype, SCALED)
@@ -254,8 +254,8 @@ def _wna16_tma_kernel(
             words = tl.reshape(w_desc.load([pid_n * BLOCK_N, k0 // 8]), (BLOCK_N, 4, BLOCK_K // 32))  # [n, c, q]: word Qc + q
             if GROUP != -1:
                 w = word_planes(words, z, s, dtype, True, ASM, BLOCK_N, BLOCK_K)  # k' order, scaled
-            else:  # per-channel: the scale after the loop (the z argument stands in for the unused scale)
-                w = word_planes(words, z, z.to(dtype), dtype, False, ASM, BLOCK_N, BLOCK_K)
+            else:  # per-channel: the scale after the loop (s unused: z stands in for it)
+                w = word_planes(words, z, z, dtype, False, ASM, BLOCK_N, BLOCK_K)
         elif BITS == 4:
             b = w_desc.load([pid_n * BLOCK_N, k0 // 2])  # [BLOCK_N, BLOCK_K / 2] bytes: k = 2j low nibble, 2j + 1 high
             w = planes_in_k_order(b, z, dtype, ASM, False, BLOCK_N, BLOCK_K)  # u - z, exact
