@@ -17,7 +17,6 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from qfuse.bench.sass import kernel_spec  # noqa: E402
-from qfuse.ops.wna16_tma import _wna16_tma_kernel  # noqa: E402
 
 
 def _compile(fn, sig: dict, consts: dict, divisible: list[int], warps: int, stages: int) -> str:
@@ -39,19 +38,22 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
 
 def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0) -> str:
     """ops/wna16_tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
-    bm, bn, bk = 128, 64, 64
-    sig = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]>", "s_ptr": f"*{dtype}", "z_ptr": "*u8",
-           "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-           "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
-    consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                  GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=tail_split)
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split_k, "TAIL_SPLIT": tail_split}
+    fn, sig, consts, _ = kernel_spec("tiled_tma", bits, group, zeros, dtype, cfg)
     divisible = [name for name in sig if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
-    order = [p.name for p in _wna16_tma_kernel.params]  # FULL_TILES comes after the constexprs
-    src = ASTSource(fn=_wna16_tma_kernel, signature={name: sig.get(name, "constexpr") for name in order}, constexprs=consts,
-                    attrs={(order.index(name),): [["tt.divisibility", 16]] for name in divisible})
+    src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "HAS_BIAS": True},
+                    attrs={(list(sig).index(name),): [["tt.divisibility", 16]] for name in divisible})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
     assert kernel.asm["cubin"]
     return kernel.asm["ptx"]
+
+
+def _sass_pipeline(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict) -> tuple[list[int], list[str]]:
+    """``(waits, hazards)`` of the config's sm_90 SASS wgmma loop (qfuse.bench.sass.wgmma_pipeline)."""
+    from qfuse.bench import sass
+
+    fn, sig, consts, _ = kernel_spec(kernel, bits, group, zeros, dtype, cfg)
+    return sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
 
 
 def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_pairs: bool = False) -> str:
@@ -87,13 +89,10 @@ if __name__ == "__main__":
             print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
             continue
         if case.startswith("tmasass,"):  # tmasass,bits,dtype,group,zeros,BLOCK_M,BLOCK_N,BLOCK_K,warps,stages,split_k[,words]: the SASS wgmma pipeline
-            from qfuse.bench import sass
-
             _, bits, dtype, group, zeros, bm, bn, bk, warps, stages, split_k, *words = case.split(",")
             cfg = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(warps), "num_stages": int(stages), "SPLIT_K": int(split_k),
                    "WORDS": words == ["1"]}
-            fn, sig, consts, _ = sass.kernel_spec("tiled_tma", int(bits), int(group), zeros == "1", dtype, cfg)
-            waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
+            waits, hazards = _sass_pipeline("tiled_tma", int(bits), int(group), zeros == "1", dtype, cfg)
             print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:2], flush=True)
             continue
         if case.startswith("offered,"):  # offered,bits,dtype,group,zeros,M,N,K: the SASS wgmma pipeline of each offered wgmma config
@@ -101,7 +100,6 @@ if __name__ == "__main__":
 
             import torch
 
-            from qfuse.bench import sass
             from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental
 
             _, bits, dtype, group, zeros, m, n, k = case.split(",")
@@ -112,19 +110,14 @@ if __name__ == "__main__":
                     cfg = {**cfg, "SPLIT_K": min(cfg["SPLIT_K"], 2)}  # every split > 1 compiles the same code
                     seen.setdefault(json.dumps(cfg, sort_keys=True), cfg)
             for cfg in seen.values():
-                fn, sig, consts, _ = sass.kernel_spec(cfg["kernel"], int(bits), int(group), zeros == "1", dtype, cfg)
-                waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
+                waits, hazards = _sass_pipeline(cfg["kernel"], int(bits), int(group), zeros == "1", dtype, cfg)
                 print("compiled", case, json.dumps(cfg, sort_keys=True), "waits", ",".join(map(str, waits)), "hazards", len(hazards), flush=True)
             continue
         if case.startswith("planessass,"):  # planessass,dtype,group,JSON config: the SASS wgmma pipeline of one tiled_planes config
             import json
 
-            from qfuse.bench import sass
-
             _, dtype, group, cfg = case.split(",", 3)
-            cfg = {"kernel": "tiled_planes", **json.loads(cfg)}
-            fn, sig, consts, _ = sass.kernel_spec("tiled_planes", 4, int(group), False, dtype, cfg)
-            waits, hazards = sass.wgmma_pipeline(sass.wgmma_loop(sass.compile_sass(fn, sig, consts, cfg)[0]))
+            waits, hazards = _sass_pipeline("tiled_planes", 4, int(group), False, dtype, {"kernel": "tiled_planes", **json.loads(cfg)})
             print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:1], flush=True)
             continue
         if case.startswith("tma,"):  # tma,dtype,group,zeros,split_k[,bits[,tail_split]]
