@@ -29,7 +29,7 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200; ``TAIL_SPLIT`` and ``WORDS`` (not yet run on a GPU) are opt-in;
+  M = 64-2048 on the H200; ``TAIL_SPLIT`` opt-in, ``WORDS`` offered for 64-token tiles only;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -169,9 +169,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
             for sp in [s for s in (1, 2, 4, 8) if s <= split and (s < 8 or bm <= 32)]:
                 cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
                               "num_warps": warps, "num_stages": stages})
-                # opt-in, not yet run on a GPU: the int32 words in wgmma's lane order, the activations permuted
-                # to match once per call (ops/wna16_tma.py, WORDS; sm_90 SASS: loop 19-39 % shorter, but a
-                # wgmma drain per K tile)
+                # the int32 words in wgmma's lane order, the activations permuted to match once per call
+                # (ops/wna16_tma.py, WORDS; sm_90 SASS: loop 19-39 % shorter, but a wgmma drain per K tile);
+                # offered for the 64-token 128-deep tiles only (is_experimental)
                 if bits == 4 and k % bk == 0:
                     cands.append({**cands[-1], "WORDS": True})
             # opt-in: the tiles past the last whole wave split 2 ways along K (M = 512 on 28672x4096: 448
@@ -380,8 +380,8 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the
-    H200, never the fastest) and the TMA tiles' ``WORDS`` form (sixteenth session: CPU-tested only,
-    not yet run on a GPU).
+    H200, never the fastest) and the TMA tiles' ``WORDS`` form except its 64-token, 128-deep tiles
+    (:func:`_words_offered`).
 
     From the seventh to the fourteenth session the 8-bit TMA tiles at 8 warps and with
     ``TAIL_SPLIT`` were not offered: they computed wrong results on the H200. The cause (fifteenth
@@ -397,8 +397,18 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     found such writes in 9 of the 12 opt-in ``mma_words`` ``BYTE_PAIRS`` tiles at g128: they must
     not be offered by default on speed alone."""
     return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
-            or (cfg["kernel"] == "tiled_tma" and ("TAIL_SPLIT" in cfg or bool(cfg.get("WORDS"))))
+            or (cfg["kernel"] == "tiled_tma" and ("TAIL_SPLIT" in cfg or (bool(cfg.get("WORDS")) and not _words_offered(cfg))))
             or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
+
+
+def _words_offered(cfg: dict) -> bool:
+    """The ``WORDS`` TMA tiles offered by default: 64 tokens, 128 codes deep (only M bucket 64 has
+    them). H200, seventeenth session (right in every GPU test; tune of g128 bf16, three large
+    shapes): at M = 64 the fastest config on all three, 1.19x / 1.01x / 1.07x the best other
+    (28672x4096: 42.2 against 50.1 us); at M = 16 16-19 % slower than ``mma_words``; at M = 256
+    and 1024 1.01-1.04x on 28672x4096 but 0.83-0.97x on 4096x14336 and 8192x8192
+    (BENCHMARKS.md), so elsewhere opt-in."""
+    return cfg.get("BLOCK_M") == 64 and cfg.get("BLOCK_K") == 128
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

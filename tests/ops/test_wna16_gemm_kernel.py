@@ -402,11 +402,13 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     join = '{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": true, "JOIN": true, "PLANES": 4, "num_warps": 4, "num_stages": 3}'
     assert is_experimental({"kernel": "tiled_planes", **json.loads(join)}, 4)
     assert not any(c.get("JOIN") for c in usable_configs(16, 4096, 4096, 4, -1))
-    cases = ["offered,4,bf16,-1,0,16,4096,4096", "offered,8,fp16,128,1,256,4096,4096", f"planessass,bf16,-1,{join}"]
+    cases = ["offered,4,bf16,-1,0,16,4096,4096", "offered,4,bf16,128,0,64,4096,4096", "offered,8,fp16,128,1,256,4096,4096",
+             f"planessass,bf16,-1,{join}"]  # M = 64: the WORDS TMA tiles offered there too
     lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
     offered = [line for line in lines if line.startswith("compiled offered,")]
     kinds = {f for line in offered for f in ("tiled_planes", "mma_words", "tiled_tma") if f'"kernel": "{f}"' in line}
-    assert len(offered) >= 40 and kinds == {"tiled_planes", "mma_words", "tiled_tma"}, lines
+    assert len(offered) >= 60 and kinds == {"tiled_planes", "mma_words", "tiled_tma"}, lines
+    assert any('"WORDS": true' in line for line in offered), lines
     assert all(line.endswith(" hazards 0") for line in offered), [line for line in offered if not line.endswith(" hazards 0")]
     control = lines[-1]
     assert control.startswith("compiled planessass,") and " hazards 0" not in control, control

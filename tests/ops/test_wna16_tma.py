@@ -143,11 +143,17 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert candidate_configs(64, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] == "tiled_tma"
     assert not any(is_experimental(c, bits) for bits in (4, 8) for c in tma(128, 4096, bits=bits) if "WORDS" not in c)
-    # WORDS: 4-bit, opt-in (not yet run on a GPU), the twin of an offered tile
-    words = [c for c in tma(256, 4096) if c.get("WORDS")]
-    assert words and all(is_experimental(c, 4) and {**c, "WORDS": False} in [{**d, "WORDS": False} for d in tma(256, 4096) if not d.get("WORDS")]
-                         for c in words)
-    assert not any(c.get("WORDS") for c in tma(256, 4096, bits=8) + tma(256, 4096, usable=True))
+    # WORDS: 4-bit, the twin of a byte-path tile; offered only for the 64-token 128-deep tiles (M bucket 64,
+    # where the H200 measured it fastest), opt-in at every other tile
+    for m in (16, 64, 256):
+        words = [c for c in tma(m, 4096) if c.get("WORDS")]
+        assert words and all({**c, "WORDS": False} in [{**d, "WORDS": False} for d in tma(m, 4096) if not d.get("WORDS")] for c in words)
+        assert all(is_experimental(c, 4) == (c["BLOCK_M"] != 64 or c["BLOCK_K"] != 128) for c in words)
+    assert not any(c.get("WORDS") for c in tma(256, 4096, bits=8) + tma(64, 4096, bits=8) + tma(256, 4096, usable=True) + tma(16, 4096, usable=True))
+    offered = [c for c in tma(64, 4096, usable=True) if c.get("WORDS")]
+    assert {(c["BLOCK_N"], c["num_warps"]) for c in offered} == {(64, 4), (128, 4)}
+    assert all(c["BLOCK_M"] == 64 and c["BLOCK_K"] == 128 for c in offered)
+    assert not any(c.get("WORDS") for c in usable_configs(64, 4096, 4096, 4, 64) if c["kernel"] == "tiled_tma")  # g64: BLOCK_K 64
     tails = [c for c in tma(512, 4096) if "TAIL_SPLIT" in c]
     assert tails and all(is_experimental(c, 4) and c["SPLIT_K"] == 1 and c["BLOCK_M"] == 256 for c in tails)
     assert not any("TAIL_SPLIT" in c for c in tma(512, 4096, usable=True))
