@@ -405,8 +405,8 @@ def _words_offered(cfg: dict) -> bool:
     """The ``WORDS`` TMA tiles offered by default: 64 tokens, 128 codes deep (only M bucket 64 has
     them). H200, seventeenth session (right in every GPU test; tune of g128 bf16, three large
     shapes): at M = 64 the fastest config on all three, 1.19x / 1.01x / 1.07x the best other
-    (28672x4096: 42.2 against 50.1 us); at M = 16 16-19 % slower than ``mma_words``; at M = 256
-    and 1024 1.01-1.04x on 28672x4096 but 0.83-0.97x on 4096x14336 and 8192x8192
+    (28672x4096: 42.2 against 50.1 us); at M = 16 it takes 14-24 % longer than ``mma_words``;
+    at M = 256 and 1024 1.01-1.04x on 28672x4096 but 0.83-0.97x on 4096x14336 and 8192x8192
     (BENCHMARKS.md), so elsewhere opt-in."""
     return cfg.get("BLOCK_M") == 64 and cfg.get("BLOCK_K") == 128
 
