@@ -1,0 +1,26 @@
+# For the next session's first GPU call (written in the seventeenth session, not yet run).
+# 1) fp16 W4A16 g128 M = 64 re-tune on the five shapes (WORDS is offered there since this session;
+#    only the bf16 keys were re-tuned), merged into ops/tuned on the machine; 2) a tune at M = 32
+#    (bf16) that times the opt-in 32-token WORDS tiles next to mma_words (informational: a tune
+#    never ships an opt-in pick); 3) the fp16 half of the grid at M = 33, 64 on the merged picks.
+# Fetch $OUT/r.tgz and commit r/wna16_gemm.NVIDIA_H200.json as ops/tuned/ if the grid passes.
+export PYTHONPATH=$PWD
+R=$OUT/r; mkdir -p $R
+python3 -c "import torch,triton;print(torch.__version__,triton.__version__)" > $R/versions.txt
+s=$(date +%s); timeout 170 python3 -m qfuse.cli bench gemm --tune --tune-families tiled_tma mma_words --tune-workers 15 --bits 4 --m 64 --dtype float16 --no-gemlite --no-eager --out $R/t_fp16 > $R/t_fp16.log 2>&1; echo "tune fp16 rc $? $(( $(date +%s) - s )) s mismatches $(grep -c MISMATCH $R/t_fp16.log)"
+python3 - <<'PY'
+import json, os
+from pathlib import Path
+ship = Path("ops/tuned/wna16_gemm.NVIDIA_H200.json"); data = json.loads(ship.read_text())
+p = Path(os.environ["OUT"]) / "r" / "t_fp16" / "wna16_gemm.tuned.json"
+new = json.loads(p.read_text()) if p.is_file() else {}
+print("merged, changed keys:", sum(data.get(k) != v for k, v in new.items())); data.update(new)
+ship.write_text(json.dumps(data, indent=1, sort_keys=True))
+PY
+cp ops/tuned/wna16_gemm.NVIDIA_H200.json $R/
+tar czf $OUT/r.tgz -C $OUT r
+s=$(date +%s); QFUSE_GPU_GRID_M=33,64 timeout 240 python3 -m pytest -v -m gpu -n 15 -p no:cacheprovider -rf tests/ops/test_wna16_gemm_kernel.py -k "test_gpu_grid and not bfloat16" > $R/grid_fp16.log 2>&1; echo "grid fp16 rc $? $(( $(date +%s) - s )) s"; tail -1 $R/grid_fp16.log | cut -c1-200; echo "passed $(grep -c PASSED $R/grid_fp16.log) failed $(grep -c FAILED $R/grid_fp16.log)"
+tar czf $OUT/r.tgz -C $OUT r
+s=$(date +%s); timeout 120 python3 -m qfuse.cli bench gemm --tune --tune-families tiled_tma mma_words --tune-workers 15 --shapes 28672x4096 4096x14336 8192x8192 --bits 4 --m 32 --no-gemlite --no-eager --out $R/t_m32 > $R/t_m32.log 2>&1; echo "tune m32 rc $? $(( $(date +%s) - s )) s"
+python3 docs/bench/session16/words_vs_bytes.py $R/t_m32/wna16_gemm.tuned.timings.csv | tee $R/m32_words_vs_bytes.txt
+tar czf $OUT/r.tgz -C $OUT r
