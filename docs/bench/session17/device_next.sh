@@ -15,7 +15,7 @@ ship = Path("ops/tuned/wna16_gemm.NVIDIA_H200.json"); data = json.loads(ship.rea
 p = Path(os.environ["OUT"]) / "r" / "t_fp16" / "wna16_gemm.tuned.json"
 new = json.loads(p.read_text()) if p.is_file() else {}
 print("merged, changed keys:", sum(data.get(k) != v for k, v in new.items())); data.update(new)
-ship.write_text(json.dumps(data, indent=1, sort_keys=True))
+ship.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 PY
 cp ops/tuned/wna16_gemm.NVIDIA_H200.json $R/
 tar czf $OUT/r.tgz -C $OUT r
