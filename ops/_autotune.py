@@ -123,7 +123,7 @@ def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[entry_key] = config
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")  # a text file, as the shipped tables in ops/tuned/
     tmp.replace(path)
 
 

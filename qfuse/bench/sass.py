@@ -176,10 +176,11 @@ def wgmma_loop(sass: str) -> list[str]:
     return min((r for r in _backward_regions(sass) if any(mnemonic(line).startswith(_WGMMA) for line in r)), key=len, default=[])
 
 
-# instructions that write no general register (stores, barriers, branches, async copies, ...)
-_NO_REGISTER_DEST = ("ST", "RED", "BAR", "BRA", "SYNCS", "WARPGROUP", "EXIT", "UTMA", "NOP", "MEMBAR", "FENCE", "CCTL", "WARPSYNC",
-                     "BSSY", "BSYNC", "RET", "CALL", "ERRBAR", "DEPBAR", "HGMMA", "IGMMA", "QGMMA")
 _WGMMA = ("HGMMA", "IGMMA", "QGMMA")  # wgmma on 16-bit floats, int8, fp8
+# instructions that write no general register (stores, barriers, branches, async copies, wgmmas: their
+# accumulators are tracked apart, ...)
+_NO_REGISTER_DEST = ("ST", "RED", "BAR", "BRA", "SYNCS", "WARPGROUP", "EXIT", "UTMA", "NOP", "MEMBAR", "FENCE", "CCTL", "WARPSYNC",
+                     "BSSY", "BSYNC", "RET", "CALL", "ERRBAR", "DEPBAR") + _WGMMA
 
 
 def _registers(operand: str, width: int) -> set[int]:

@@ -11,11 +11,13 @@ s=$(date +%s); timeout 170 python3 -m qfuse.cli bench gemm --tune --tune-familie
 python3 - <<'PY'
 import json, os
 from pathlib import Path
-ship = Path("ops/tuned/wna16_gemm.NVIDIA_H200.json"); data = json.loads(ship.read_text())
+from qfuse.ops._autotune import merge_into_json
+ship = Path("ops/tuned/wna16_gemm.NVIDIA_H200.json"); old = json.loads(ship.read_text())
 p = Path(os.environ["OUT"]) / "r" / "t_fp16" / "wna16_gemm.tuned.json"
 new = json.loads(p.read_text()) if p.is_file() else {}
-print("merged, changed keys:", sum(data.get(k) != v for k, v in new.items())); data.update(new)
-ship.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+for key, cfg in new.items():
+    merge_into_json(ship, key, cfg)
+print("merged, changed keys:", sum(old.get(k) != v for k, v in new.items()))
 PY
 cp ops/tuned/wna16_gemm.NVIDIA_H200.json $R/
 tar czf $OUT/r.tgz -C $OUT r
