@@ -216,6 +216,10 @@ def _weight_major_tiles(mb: int, exhaustive: bool) -> list[tuple[int, int, int, 
              (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 8, 4)]
     if exhaustive:
         tiles += [(128, 256, 64, 8, 3), (256, 128, 128, 8, 2), (256, 128, 64, 8, 4), (256, 64, 64, 4, 4)]
+        # 128-deep tiles (eighteenth session, untimed before): 128 x 128 x 128 / 8 warps at 3 stages was
+        # within 4 % of the best at 8192x8192 M = 256 (fifteenth session's tune), 128 x 64 x 128 fits two
+        # programs per SM (sm_90: 128 registers, 108 KB of shared memory at 3 stages)
+        tiles += [(128, 128, 128, 8, 4), (128, 64, 128, 4, 3), (128, 64, 128, 4, 4), (256, 64, 128, 4, 2)]
     return [t for t in tiles if t[0] <= 2 * mb]
 
 
@@ -311,6 +315,13 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
                 # and in 9 of its 12 g128 tiles ptxas writes registers of wgmmas in flight (sixteenth session)
                 if bn == 128 and not cap and (sw or group_size == -1):
                     out.append({**c, "BYTE_PAIRS": True})
+                # opt-in, untimed (eighteenth session): the words of the next 1 / 2 tiles loaded into
+                # registers an iteration ahead instead of Triton's cp.async stages (no async-copy
+                # wait and barrier per tile for them; sm_90 SASS, 128 rows / 4 warps g128: 16-byte
+                # LDGs, but the dequantized tile then goes through STSM / LDSM: loop 321-357
+                # instructions against 298)
+                if bn == 128 and not cap and stages == 4 and sp in splits[:2]:
+                    out += [{**c, "PREFETCH": pf, "num_stages": st} for pf in (1, 2) for st in (1, 2)]
     return out
 
 
@@ -378,7 +389,7 @@ def fp32_accumulate() -> bool:
 def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
-    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
+    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200) or ``PREFETCH`` (untimed), the tensor-core GEMV
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the
     H200, never the fastest) and the TMA tiles' ``WORDS`` form except its 64-token, 128-deep tiles
     (:func:`_words_offered`).
@@ -396,7 +407,7 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     never a shipped pick (0 of the 290 keys; BENCHMARKS.md, sixteenth session). The same sweep
     found such writes in 9 of the 12 opt-in ``mma_words`` ``BYTE_PAIRS`` tiles at g128: they must
     not be offered by default on speed alone."""
-    return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
+    return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or "PREFETCH" in cfg or cfg["kernel"] == "mma_gemv"
             or (cfg["kernel"] == "tiled_tma" and ("TAIL_SPLIT" in cfg or (bool(cfg.get("WORDS")) and not _words_offered(cfg))))
             or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
 
