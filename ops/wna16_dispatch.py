@@ -174,12 +174,13 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                 # offered for the 64-token 128-deep tiles only (is_experimental)
                 if bits == 4 and k % bk == 0:
                     cands.append({**cands[-1], "WORDS": True})
-            # opt-in: the tiles past the last whole wave split 2 ways along K (M = 512 on 28672x4096: 448
-            # tiles of 256x128 at one program per SM are 3.39 waves); TAIL_WAVE: programs per SM of
-            # the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2)
+            # opt-in: the tiles past the last whole wave split 2 or 4 ways along K, in a second launch
+            # (M = 256 on 28672x4096: 224 tiles of 256x128 at one program per SM are 1.7 waves; 4 ways
+            # make the 92-tile tail 3 waves of quarter tiles); TAIL_WAVE: programs per SM of the tile
+            # (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2)
             if mb >= 256 and bm == 256:
-                cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
-                              "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
+                cands += [{"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
+                           "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": ts, "TAIL_WAVE": 1 if warps == 8 else 2} for ts in (2, 4)]
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):

@@ -84,7 +84,7 @@ from torch import Tensor
 
 from ._autotune import sm_count
 from ._tma import tma_aligned
-from ._wna16_common import codes_minus_zero, finish_split, grouped_tile, mma, output_buffers, split_counters, store_tile
+from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, split_counters, store_tile
 from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import split_k_slices
 
@@ -223,13 +223,10 @@ def _wna16_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES, WORDS: tl.constexpr = False,
 ):  # fmt: skip
-    if TAIL_SPLIT > 1:  # programs >= FULL_TILES: TAIL_SPLIT slices of K of each tile past the last whole wave
-        is_tail = tl.program_id(0) >= FULL_TILES
-        q = tl.program_id(0) - FULL_TILES
-        tile = tl.where(is_tail, FULL_TILES + q // TAIL_SPLIT, tl.program_id(0))
-        pid_k = tl.where(is_tail, q % TAIL_SPLIT, 0)
+    if TAIL_SPLIT > 1:  # the tail launch of TAIL_SPLIT: tiles FULL_TILES.. (past the last whole wave), split-K
+        pid_k = tl.program_id(1)
         k_start = pid_k * K_PER_SPLIT
-        k_tiles = tl.where(is_tail, tl.cdiv(K_PER_SPLIT, BLOCK_K), tl.cdiv(K, BLOCK_K))
+        tile = tl.program_id(0) + FULL_TILES
     else:  # statement for statement the loop the GPU runs were made with (same sm_90 SASS)
         pid_k = tl.program_id(1)
         k_start = pid_k * K_PER_SPLIT
@@ -245,7 +242,7 @@ def _wna16_tma_kernel(
     else:
         z = tl.full((BLOCK_N,), float(1 << (BITS - 1)), tl.float32)
     acc = accumulator_zeros(BLOCK_N, BLOCK_M, ASM)
-    for kt in range(0, k_tiles if TAIL_SPLIT > 1 else tl.cdiv(K_PER_SPLIT, BLOCK_K)):
+    for kt in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k0 = k_start + kt * BLOCK_K
         if GROUP != -1:  # BLOCK_K <= GROUP: the tile lies in group k0 // GROUP (clamped: tiles past K)
             g = tl.minimum(k0 // GROUP, G - 1)
@@ -274,30 +271,7 @@ def _wna16_tma_kernel(
                 w = w * s[:, None]
         acc = mma(w, tl.trans(xt), acc, DOT_F32)
 
-    if TAIL_SPLIT > 1:
-        _store_tail_split(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, is_tail, tile, pid_k,
-                          M, N, G, FULL_TILES, GROUP, HAS_BIAS, TAIL_SPLIT, BLOCK_M, BLOCK_N)
-    else:
-        store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _store_tail_split(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, is_tail, tile, pid_k, M, N, G, FULL_TILES,
-                      GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, TAIL_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Epilogue with ``TAIL_SPLIT``: a whole tile stores its output; a tail slice goes through
-    :func:`finish_split` with a compact workspace ``[TAIL_SPLIT, tail tiles, BLOCK_M * BLOCK_N]``
-    (``ws`` indexed by the tile's local element, the output by its global one)."""
-    if is_tail:
-        if GROUP == -1:
-            acc = acc * tl.load(s_ptr + rn * G).to(tl.float32)[None, :]
-        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        idx = offs_m[:, None] * N + offs_n[None, :]
-        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tail_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) - FULL_TILES
-        finish_split(acc, local, mask, (bias_ptr + rn)[None, :], ws_ptr + (tile - FULL_TILES) * (BLOCK_M * BLOCK_N), count_ptr,
-                     out_ptr + (idx - local), tile, pid_k, tail_tiles * (BLOCK_M * BLOCK_N), TAIL_SPLIT, HAS_BIAS)
-    else:  # a whole tile: the plain epilogue
-        store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, 0, M, N, G, GROUP, HAS_BIAS, 1)
+    store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def word_order(x: Tensor, block_k: int) -> Tensor:
@@ -329,23 +303,18 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     split_k = cfg.get("SPLIT_K", 1)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # TAIL_SPLIT (opt-in): the tiles past the last whole wave of WAVE programs (TAIL_WAVE per SM, or
-    # WAVE_PROGRAMS: tests) run as TAIL_SPLIT slices of K each, so the last wave is not mostly idle
+    # WAVE_PROGRAMS: tests) run in a second launch as TAIL_SPLIT slices of K each, so the last wave
+    # is not mostly idle (one launch that did both ran 1.5x slower on the H200: its two epilogues
+    # took 255 registers and spilled, sm_90 SASS; fifteenth session's tune)
     tail_split = cfg.get("TAIL_SPLIT", 0) if split_k == 1 else 0
     full = tiles
     if tail_split > 1:
         wave = cfg.get("WAVE_PROGRAMS") or cfg.get("TAIL_WAVE", 1) * sm_count(x.device)
         full = tiles // wave * wave
-    if full < tiles:
-        k_per_split, _ = split_k_slices(k, bk, tail_split)
-        grid = (full + (tiles - full) * tail_split, 1)
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        ws = torch.empty((tail_split, tiles - full, bm * bn), dtype=torch.float32, device=x.device)
-        counts = split_counters(x.device, tiles)
-    else:
-        tail_split, full = 0, tiles
-        k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
-        grid = (tiles, split_k)
-        out, ws, counts = output_buffers(x, n, split_k, grid[0])
+    if full == tiles:
+        tail_split = 0
+    k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
+    out, ws, counts = output_buffers(x, n, split_k, tiles)
     words = bool(cfg.get("WORDS", False))
     if words and (bits != 4 or k % bk):
         raise ValueError(f"wna16_tma: WORDS needs 4-bit codes and K % BLOCK_K == 0; got bits={bits}, K={k}, BLOCK_K={bk}")
@@ -354,13 +323,17 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         w_desc = TensorDescriptor.from_tensor(qweight.view(torch.int32), [bn, bk // 8])
     else:  # 8-bit: the code bytes as int16 pairs [N, K / 2] (the kernel's PTX takes two pairs per register)
         w_desc = TensorDescriptor.from_tensor(qweight if bits == 4 else qweight.view(torch.int16), [bn, bk // 2])
-    _wna16_tma_kernel[grid](
-        TensorDescriptor.from_tensor(x, [bm, bk]), w_desc,
-        scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
-        m, n, k, scales.shape[1], k_per_split,
-        BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        TAIL_SPLIT=tail_split, FULL_TILES=full, WORDS=words,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
-    )  # fmt: skip
+    args = (TensorDescriptor.from_tensor(x, [bm, bk]), w_desc, scales, zeros if zeros is not None else qweight,
+            bias if bias is not None else scales, out)
+    consts = dict(BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda, WORDS=words,
+                  num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]))
+    if full:  # every tile, or with TAIL_SPLIT the whole waves
+        _wna16_tma_kernel[(full, split_k)](*args, ws, counts, m, n, k, scales.shape[1], k_per_split,
+                                           SPLIT_K=split_k, TAIL_SPLIT=0, FULL_TILES=0, **consts)
+    if full < tiles:  # the tail: its own K slices, float32 partials and arrival counters
+        tail_ws = torch.empty((tail_split, m, n), dtype=torch.float32, device=x.device)
+        _wna16_tma_kernel[(tiles - full, tail_split)](*args, tail_ws, split_counters(x.device, tiles - full), m, n, k, scales.shape[1],
+                                                      split_k_slices(k, bk, tail_split)[0],
+                                                      SPLIT_K=tail_split, TAIL_SPLIT=tail_split, FULL_TILES=full, **consts)
     return out

@@ -77,8 +77,9 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         from qfuse.ops.wna16_tma import _wna16_tma_kernel as fn
 
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"] if group == -1 else min(cfg["BLOCK_K"], group)
-        consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_K=bk, GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=cfg.get("TAIL_SPLIT", 0), WORDS=bool(cfg.get("WORDS", False)))
+        tail = cfg.get("TAIL_SPLIT", 0)  # TAIL_SPLIT: the tail launch (the whole waves run the config without it)
+        consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=tail if tail > 1 else cfg.get("SPLIT_K", 1), BLOCK_M=bm,
+                      BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=tail, WORDS=bool(cfg.get("WORDS", False)))
         # the kernel's parameters in order (FULL_TILES comes after the constexprs); 8-bit codes as int16 pairs, WORDS as int32 words
         w_block = f"i32[{bn}, {bk // 8}]" if consts["WORDS"] else f"{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]"
         args = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{w_block}>",

@@ -243,6 +243,23 @@ def test_gpu_extreme_codes(bits, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("tail_split", [2, 4])
+def test_gpu_tail_split(bits, tail_split):
+    """TAIL_SPLIT's two launches (whole waves, then the tail split along K) at the H200's own wave
+    (one or two programs per SM) and at a short test wave, twice each (the tail's arrival counters
+    are left zeroed), odd shapes included."""
+    for m, (n, k), group_size, dtype in ((256, (28672, 4096), 128, torch.bfloat16), (300, (1000, 2944), 64, torch.float16),
+                                         (512, (4096, 4096), -1, torch.bfloat16)):
+        x, qw, s, z, b = make_problem(m, n, k, bits, group_size, dtype, asym=m != 256, bias=m != 512, device="cuda")
+        for tile in ({"BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "TAIL_WAVE": 1},
+                     {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "WAVE_PROGRAMS": 7}):
+            cfg = {**tile, "BLOCK_K": 64, "SPLIT_K": 1, "TAIL_SPLIT": tail_split}
+            for _ in range(2):
+                assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.gpu
 def test_gpu_8bit_tiles_that_computed_wrong_results():
     """The 8-bit tiles that computed wrong results on the H200 from the seventh to the fourteenth
     session (ptxas wrote registers of wgmmas in flight; ops/wna16_tma.py): 8 warps with split-K
