@@ -158,7 +158,7 @@ def _w4a16_mma_words_kernel(
     M, N, K, KW, G, stride_xm, W_PER_SPLIT,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, SCALE_W: tl.constexpr,
     BYTE_PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, ASM: tl.constexpr,
-    DOT_F32: tl.constexpr, PREFETCH: tl.constexpr = 0,
+    DOT_F32: tl.constexpr,
 ):  # fmt: skip
     BLOCK_K: tl.constexpr = 128
     pid_k, offs_m, offs_n, rm, rn, w_start = tile_coords(M, N, W_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
@@ -172,24 +172,10 @@ def _w4a16_mma_words_kernel(
     else:
         neg = tl.full((BLOCK_N, 1, 1), -(MAGIC + 8.0), tl.float32).to(dtype)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    iters = W_PER_SPLIT // 16
-    w_ptrs = qw_ptr + rn[:, None] * KW + (w_start + tl.arange(0, 16))[None, :]
-    if PREFETCH > 0:  # the next tiles' words in registers (loads past the slice re-read its last tile)
-        next1 = tl.load(w_ptrs, eviction_policy="evict_first")
-        if PREFETCH > 1:
-            next2 = tl.load(w_ptrs + 16 * min(1, iters - 1), eviction_policy="evict_first")
-    for it in range(0, iters):
+    for it in range(0, W_PER_SPLIT // 16):
         w0 = w_start + it * 16
         k0 = w0 * 8
-        if PREFETCH == 0:
-            words = tl.load(w_ptrs + it * 16, eviction_policy="evict_first")
-        elif PREFETCH == 1:
-            words = next1
-            next1 = tl.load(w_ptrs + 16 * min(it + 1, iters - 1), eviction_policy="evict_first")
-        else:
-            words = next1
-            next1 = next2
-            next2 = tl.load(w_ptrs + 16 * min(it + 2, iters - 1), eviction_policy="evict_first")
+        words = tl.load(qw_ptr + rn[:, None] * KW + (w0 + tl.arange(0, 16))[None, :], eviction_policy="evict_first")
         words = tl.reshape(words, (BLOCK_N, 4, 4))  # [n, c, q]: word 4c + q of the tile
         if SCALE_W:  # scale (and zero point) of each word's group
             if GROUP % 128 == 0:  # one group per tile
@@ -268,6 +254,6 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
         m, n, k, kw, scales.shape[1], x.stride(0), kw // split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, SCALE_W=scale_w,
         BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        PREFETCH=cfg.get("PREFETCH", 0), num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
+        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out

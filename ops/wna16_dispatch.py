@@ -29,7 +29,7 @@ A config is a dict whose ``"kernel"`` names the family:
   eighth session); ``MAXNREG`` and ``BYTE_PAIRS`` forms opt-in (:func:`is_experimental`);
 * ``"tiled_tma"`` (M bucket >= 64, 16-byte weight rows): large weight-major tiles fed by TMA, the
   dequantized weights as wgmma's register A operand (ops/wna16_tma.py); measured best for 4-bit at
-  M = 64-2048 on the H200; ``TAIL_SPLIT`` opt-in, ``WORDS`` offered for 64-token tiles only;
+  M = 64-2048 on the H200; ``TAIL_SPLIT`` opt-in, ``WORDS`` offered for 64- and 256-token tiles only;
 * ``"dequant_mm"`` (M bucket >= 128): dequantize to ``x.dtype`` (one Triton kernel) then
   cuBLAS ``x @ w_hat.T``; a candidate only, chosen where it measured faster.
 
@@ -171,16 +171,18 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
                               "num_warps": warps, "num_stages": stages})
                 # the int32 words in wgmma's lane order, the activations permuted to match once per call
                 # (ops/wna16_tma.py, WORDS; sm_90 SASS: loop 19-39 % shorter, but a wgmma drain per K tile);
-                # offered for the 64-token 128-deep tiles only (is_experimental)
+                # offered for the 64-token 128-deep and 256-token 64-deep tiles only (is_experimental)
                 if bits == 4 and k % bk == 0:
                     cands.append({**cands[-1], "WORDS": True})
-            # opt-in: the tiles past the last whole wave split 2 or 4 ways along K, in a second launch
-            # (M = 256 on 28672x4096: 224 tiles of 256x128 at one program per SM are 1.7 waves; 4 ways
-            # make the 92-tile tail 3 waves of quarter tiles); TAIL_WAVE: programs per SM of the tile
-            # (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4 warps 170 -> 2)
+            # opt-in: the tiles past the last whole wave split 2 ways along K, in a second launch (M = 512
+            # on 28672x4096: 448 tiles of 256x128 at one program per SM are 3.39 waves); TAIL_WAVE:
+            # programs per SM of the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4
+            # warps 170 -> 2). H200, eighteenth session, M = 256 / 1024 on the three large shapes:
+            # 1.09-1.22x the best config's time where a tail exists (the float32 partials cost more
+            # than the idle part of the last wave; split 4 1.17-1.33x), so never picked
             if mb >= 256 and bm == 256:
-                cands += [{"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
-                           "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": ts, "TAIL_WAVE": 1 if warps == 8 else 2} for ts in (2, 4)]
+                cands.append({"kernel": "tiled_tma", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
+                              "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
     if mb >= 128:
         cands.append({"kernel": "dequant_mm"})
     # heuristic first (what runs untuned, e.g. under CUDA-graph capture with no cached config):
@@ -217,10 +219,6 @@ def _weight_major_tiles(mb: int, exhaustive: bool) -> list[tuple[int, int, int, 
              (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 8, 4)]
     if exhaustive:
         tiles += [(128, 256, 64, 8, 3), (256, 128, 128, 8, 2), (256, 128, 64, 8, 4), (256, 64, 64, 4, 4)]
-        # 128-deep tiles (eighteenth session, untimed before): 128 x 128 x 128 / 8 warps at 3 stages was
-        # within 4 % of the best at 8192x8192 M = 256 (fifteenth session's tune), 128 x 64 x 128 fits two
-        # programs per SM (sm_90: 128 registers, 108 KB of shared memory at 3 stages)
-        tiles += [(128, 128, 128, 8, 4), (128, 64, 128, 4, 3), (128, 64, 128, 4, 4), (256, 64, 128, 4, 2)]
     return [t for t in tiles if t[0] <= 2 * mb]
 
 
@@ -316,13 +314,6 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
                 # and in 9 of its 12 g128 tiles ptxas writes registers of wgmmas in flight (sixteenth session)
                 if bn == 128 and not cap and (sw or group_size == -1):
                     out.append({**c, "BYTE_PAIRS": True})
-                # opt-in, untimed (eighteenth session): the words of the next 1 / 2 tiles loaded into
-                # registers an iteration ahead instead of Triton's cp.async stages (no async-copy
-                # wait and barrier per tile for them; sm_90 SASS, 128 rows / 4 warps g128: 16-byte
-                # LDGs, but the dequantized tile then goes through STSM / LDSM: loop 321-357
-                # instructions against 298)
-                if bn == 128 and not cap and stages == 4 and sp in splits[:2]:
-                    out += [{**c, "PREFETCH": pf, "num_stages": st} for pf in (1, 2) for st in (1, 2)]
     return out
 
 
@@ -390,7 +381,7 @@ def fp32_accumulate() -> bool:
 def is_experimental(cfg: dict, bits: int) -> bool:
     """Configs kept opt-in (``QFUSE_EXPERIMENTAL_KERNELS=1``): the word GEMV and ``mma_words``
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
-    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200) or ``PREFETCH`` (untimed), the tensor-core GEMV
+    fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the
     H200, never the fastest) and the TMA tiles' ``WORDS`` form except its 64-token, 128-deep tiles
     (:func:`_words_offered`).
@@ -408,19 +399,20 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     never a shipped pick (0 of the 290 keys; BENCHMARKS.md, sixteenth session). The same sweep
     found such writes in 9 of the 12 opt-in ``mma_words`` ``BYTE_PAIRS`` tiles at g128: they must
     not be offered by default on speed alone."""
-    return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or "PREFETCH" in cfg or cfg["kernel"] == "mma_gemv"
+    return ("MAXNREG" in cfg or "BYTE_PAIRS" in cfg or cfg["kernel"] == "mma_gemv"
             or (cfg["kernel"] == "tiled_tma" and ("TAIL_SPLIT" in cfg or (bool(cfg.get("WORDS")) and not _words_offered(cfg))))
             or (cfg["kernel"] == "tiled_planes" and bool(cfg.get("JOIN"))))
 
 
 def _words_offered(cfg: dict) -> bool:
-    """The ``WORDS`` TMA tiles offered by default: 64 tokens, 128 codes deep (only M bucket 64 has
-    them). H200, seventeenth session (right in every GPU test; tune of g128 bf16, three large
-    shapes): at M = 64 the fastest config on all three, 1.19x / 1.01x / 1.07x the best other
-    (28672x4096: 42.2 against 50.1 us); at M = 16 it takes 14-24 % longer than ``mma_words``;
-    at M = 256 and 1024 1.01-1.04x on 28672x4096 but 0.83-0.97x on 4096x14336 and 8192x8192
-    (BENCHMARKS.md), so elsewhere opt-in."""
-    return cfg.get("BLOCK_M") == 64 and cfg.get("BLOCK_K") == 128
+    """The ``WORDS`` TMA tiles offered by default: 64 tokens 128 codes deep (M bucket 64), and 256
+    tokens 64 deep (M bucket >= 128). H200 (right in every GPU test since the seventeenth session;
+    tunes of g128 bf16 on the three large shapes): at M = 64 the fastest config on all three, 1.19x /
+    1.01x / 1.07x the best other (28672x4096: 42.2 against 50.1 us); at M = 16 14-24 % slower than
+    ``mma_words``; at M = 256 / 1024 on 28672x4096 the fastest, 1.04x / 1.03x the best other (100.9
+    against 105.1 us, 348.0 against 359.6; eighteenth session), on 4096x14336 and 8192x8192 0.83-0.97x
+    (the tuner keeps the bytes path there); elsewhere opt-in (BENCHMARKS.md)."""
+    return (cfg.get("BLOCK_M") == 64 and cfg.get("BLOCK_K") == 128) or (cfg.get("BLOCK_M") == 256 and cfg.get("BLOCK_K") == 64)
 
 
 def config_key(m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype) -> tuple:

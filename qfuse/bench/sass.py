@@ -70,8 +70,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
                "M": "i32", "N": "i32", "K": "i32", "KW": "i32", "G": "i32", "stride_xm": "i32", "W_PER_SPLIT": "i32"}
         consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), SCALE_W=bool(cfg.get("SCALE_W", False)),
-                      BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=8, ASM=True, DOT_F32=False,
-                      PREFETCH=cfg.get("PREFETCH", 0))
+                      BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=8, ASM=True, DOT_F32=False)
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     if kernel == "tiled_tma":
         from qfuse.ops.wna16_tma import _wna16_tma_kernel as fn

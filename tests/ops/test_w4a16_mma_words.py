@@ -37,16 +37,6 @@ def test_interpreter(form, m, byte_pairs):
     assert_close_to_ref(w4a16_mma_words(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
 
-@pytest.mark.parametrize("prefetch", [1, 2])
-@pytest.mark.parametrize("k,split_k", [(128, 1), (512, 2), (768, 1)])
-def test_interpreter_prefetch(prefetch, k, split_k):
-    """PREFETCH: the words of the next 1 / 2 tiles loaded an iteration or two ahead, slices of 1-6
-    tiles (the loads past a slice's end re-read its last tile and are never used)."""
-    x, qw, s, z, b = make_problem(7, 40, k, 4, 128, torch.bfloat16 if prefetch == 1 else torch.float16, asym=True, bias=True)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT_K": split_k, "SCALE_W": k == 768, "PREFETCH": prefetch, "GROUP_M": 2}
-    assert_close_to_ref(w4a16_mma_words(x, qw, s, z, b, 128, cfg), x, qw, s, z, b, 4, 128)
-
-
 def test_interpreter_extreme_codes():
     """|u - z| = 15 in every nibble slot, both scale placements, both pairings."""
     x, _, s, _, _ = make_problem(3, 16, 256, 4, 128, torch.bfloat16, asym=False, bias=False)
@@ -122,8 +112,6 @@ GPU_CFGS = [
     {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4, "MAXNREG": 128},
     {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 4, "BYTE_PAIRS": True},
     {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3, "BYTE_PAIRS": True},
-    {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 1, "PREFETCH": 1},
-    {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PREFETCH": 2},
 ]
 
 

@@ -148,8 +148,10 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     for m in (16, 64, 256):
         words = [c for c in tma(m, 4096) if c.get("WORDS")]
         assert words and all({**c, "WORDS": False} in [{**d, "WORDS": False} for d in tma(m, 4096) if not d.get("WORDS")] for c in words)
-        assert all(is_experimental(c, 4) == (c["BLOCK_M"] != 64 or c["BLOCK_K"] != 128) for c in words)
-    assert not any(c.get("WORDS") for c in tma(256, 4096, bits=8) + tma(64, 4096, bits=8) + tma(256, 4096, usable=True) + tma(16, 4096, usable=True))
+        assert all(is_experimental(c, 4) == ((c["BLOCK_M"], c["BLOCK_K"]) not in ((64, 128), (256, 64))) for c in words)
+    assert not any(c.get("WORDS") for c in tma(256, 4096, bits=8) + tma(64, 4096, bits=8) + tma(16, 4096, usable=True))
+    offered = [c for c in tma(256, 4096, usable=True) if c.get("WORDS")]
+    assert offered and all(c["BLOCK_M"] == 256 and c["BLOCK_K"] == 64 for c in offered)
     offered = [c for c in tma(64, 4096, usable=True) if c.get("WORDS")]
     assert {(c["BLOCK_N"], c["num_warps"]) for c in offered} == {(64, 4), (128, 4)}
     assert all(c["BLOCK_M"] == 64 and c["BLOCK_K"] == 128 for c in offered)
@@ -198,7 +200,10 @@ def test_sass_keeps_wgmmas_in_flight_and_their_registers_untouched():
              "tmasass,8,fp16,-1,1,256,64,64,4,3,1", "tmasass,8,bf16,128,1,128,128,128,8,3,1", "tmasass,8,fp16,32,0,64,128,64,4,4,4",
              "tmasass,4,bf16,128,0,256,128,64,8,4,1", "tmasass,4,fp16,-1,1,64,128,64,4,4,2", "tmasass,4,bf16,128,0,128,128,128,8,3,1",
              "tmasass,4,bf16,64,1,64,256,64,8,4,1",
-             "tmasass,4,bf16,128,0,256,128,64,8,3,1,1", "tmasass,4,fp16,-1,1,16,128,128,4,4,2,1"]  # WORDS (opt-in)
+             "tmasass,4,fp16,-1,1,16,128,128,4,4,2,1",  # WORDS (opt-in tile)
+             # WORDS, offered: the 256-token tiles of M bucket >= 128 and the 64-token ones of bucket 64
+             "tmasass,4,bf16,128,0,256,128,64,8,3,1,1", "tmasass,4,bf16,128,1,256,128,64,8,4,1,1", "tmasass,4,fp16,64,0,256,64,64,4,3,2,1",
+             "tmasass,4,bf16,-1,1,256,64,64,4,4,1,1", "tmasass,4,bf16,128,0,64,128,128,4,3,1,1", "tmasass,4,fp16,128,1,64,64,128,4,4,4,1"]
     lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
     assert len(lines) == len(cases)
     for line in lines:
