@@ -159,8 +159,7 @@ def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: i
         # tiles of the bucket's tokens (wgmma's N = 16 / 32), asynchronous in SASS since the
         # fifteenth session, against mma_words whose wgmma waits every iteration
         small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
-        if mb == 64 and exhaustive:  # deeper pipelines (eighteenth session; 20-24 KB a stage)
-            small += [(64, 64, 128, 4, 6), (64, 128, 128, 4, 5)]
+        # (5 / 6 stages of these: 0.88-0.98x the best shallower config at M = 64, H200, eighteenth session)
         if mb <= 32:
             small = [(mb, 128, 128, 4, 4), (mb, 64, 128, 4, 4), (mb, 128, 64, 4, 4), (mb, 256, 64, 8, 4)]
         for bm, bn, bk, warps, stages in small + _weight_major_tiles(mb, exhaustive):
@@ -298,10 +297,8 @@ def _mma_words_configs(m: int, n: int, k: int, group_size: int, sms: int, exhaus
     tiles = ((128, 8, 4, 0), (128, 4, 4, 0), (64, 4, 4, 0), (256, 8, 3, 0), (128, 4, 4, 128), (128, 8, 4, 80))
     if exhaustive:
         tiles += ((128, 8, 3, 0), (128, 4, 3, 0), (64, 4, 3, 0), (128, 4, 3, 128))
-        # deeper cp.async pipelines (eighteenth session): ncu on the M = 16 picks found the DRAM 38-43 %
-        # busy with under 2 warps per scheduler, so more bytes in flight per program (12 KB a stage
-        # at 16 tokens); W4A8's mma_words picked 6 stages on some keys (tenth session)
-        tiles += ((128, 4, 6, 0), (128, 4, 8, 0), (128, 8, 6, 0), (64, 4, 6, 0))
+    # 6 and 8 stages (more bytes in flight: DRAM 38-43 % busy at M = 16) were never faster on the H200:
+    # the best of them 0.91-0.99x the best shallower config at M = 16, five shapes (eighteenth session)
     out = []
     for bn, warps, stages, cap in tiles:
         programs = _cdiv(n, bn) * _cdiv(m, bm)
