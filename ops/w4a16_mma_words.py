@@ -44,6 +44,11 @@ straight into the MMA's B buffer: no shared-memory store in the loop, and where 
 rescales the accumulator inside the loop (per-channel, SCALE_W) the wgmma stays asynchronous
 (PTX ``wgmma.wait_group 7`` against 0), overlapping the next tile's dequantization.
 
+Timed on the H200 and dropped (eighteenth session, M = 16, three large shapes): the next one or two
+tiles' words loaded straight into registers an iteration ahead instead of by cp.async stages
+(1.48-1.50x slower: Triton then takes the dequantized tile through shared memory, STSM / LDSM, to
+reach wgmma's layout), and 6 or 8 stages (0.91-0.99x the best shallower config).
+
 One program: a ``[BLOCK_N, BLOCK_M]`` tile of ``out^T`` (weight rows are wgmma's 64-row M side,
 the few tokens its N side) over a ``1 / SPLIT_K`` slice of K, split-K through the shared
 deterministic reduction (``store_tile``). Needs K % 128 == 0. Against the reference: float32

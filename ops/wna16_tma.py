@@ -53,9 +53,9 @@ after a dot whose A operand is in registers guarantees only that the first of it
 when the next K tile's values are computed, so whether a tile is hit depends on ptxas's register
 allocation. tests/ops/test_wna16_gemm_kernel.py checks every default-offered config's SASS for it.
 
-**``WORDS``** (4-bit, ``K % BLOCK_K == 0``; offered for the 64-token 128-deep tiles, opt-in for the
-rest: ops/wna16_dispatch.py, ``_words_offered``; right in every GPU test since the seventeenth
-session): the bytes path above reads the weight tile from shared memory one byte per ``LDS.U8`` and
+**``WORDS``** (4-bit, ``K % BLOCK_K == 0``; offered for the 64-token 128-deep and the 256-token 64-deep
+tiles, opt-in for the rest: ops/wna16_dispatch.py, ``_words_offered``; right in every GPU test since
+the seventeenth session): the bytes path above reads the weight tile from shared memory one byte per ``LDS.U8`` and
 gathers the bytes with PRMTs, because wgmma's A fragment gives a lane the k pairs ``(2c, 2c + 1)``,
 ``(2c + 8, 2c + 9)`` of every 16-deep step: strided bytes. ``WORDS`` takes ops/w4a16_mma_words.py's
 way instead: int32 words by TMA, :func:`word_planes` (a word's 8 codes straight into one lane's A
@@ -67,7 +67,9 @@ each K tile first waits for the last one's wgmmas (``_DRAINED``: one ``wgmma.wai
 words a thread holds): no write under a wgmma in flight, but this K tile's dequantization no
 longer overlaps the last one's MMAs in the same warps. On the H200 (seventeenth session, g128 bf16,
 28672x4096 / 4096x14336 / 8192x8192) against the best other config: M = 64 1.19x / 1.01x / 1.07x,
-M = 16 0.88x / 0.81x / 0.83x, M = 256 1.04x / 0.86x / 0.97x, M = 1024 1.01x / 0.83x / 0.94x.
+M = 16 0.88x / 0.81x / 0.83x, M = 256 1.04x / 0.86x / 0.97x, M = 1024 1.01x / 0.83x / 0.94x;
+eighteenth session's re-tune with the 256-token tiles offered: picked at M = 256-2048 on 28672x4096,
+1.02-1.05x the byte-path picks there.
 
 Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
 fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
