@@ -225,14 +225,11 @@ def _wna16_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ASM: tl.constexpr, DOT_F32: tl.constexpr, TAIL_SPLIT: tl.constexpr, FULL_TILES, WORDS: tl.constexpr = False,
 ):  # fmt: skip
-    if TAIL_SPLIT > 1:  # the tail launch of TAIL_SPLIT: tiles FULL_TILES.. (past the last whole wave), split-K
-        pid_k = tl.program_id(1)
-        k_start = pid_k * K_PER_SPLIT
-        tile = tl.program_id(0) + FULL_TILES
-    else:  # statement for statement the loop the GPU runs were made with (same sm_90 SASS)
-        pid_k = tl.program_id(1)
-        k_start = pid_k * K_PER_SPLIT
-        tile = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_start = pid_k * K_PER_SPLIT
+    tile = tl.program_id(0)
+    if TAIL_SPLIT > 1:  # the tail launch of TAIL_SPLIT: the tiles from FULL_TILES on (past the last whole wave)
+        tile += FULL_TILES
     pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
