@@ -38,9 +38,10 @@ def zeroed_int32(device: torch.device, numel: int) -> Tensor:
 
 
 def rezero_workspaces() -> None:
-    """Zero every eager and graph workspace again. For the tuner after a wrong candidate: a kernel
+    """Zero every eager and graph workspace again, the retired ones too (a graph captured before a
+    buffer grew still points at its predecessor). For the tuner after a wrong candidate: a kernel
     that sums its split-K partials wrong may also leave its arrival counters nonzero, and every
     later split-K launch on the same counters then goes wrong too (seen on the H200 in the
     fourteenth session, where one such candidate turned the rest of a tune's checks into mismatches)."""
-    for buf in _zeroed.values():
+    for buf in [*_zeroed.values(), *_retired]:
         buf.zero_()

@@ -17,10 +17,14 @@ def test_cpu_gives_fresh_zeros():
 
 
 def test_rezero_workspaces_clears_what_a_wrong_kernel_left(monkeypatch):
-    """The tuner's reset after a wrong candidate: every persistent buffer (eager and graph) is
-    zero again, in place (a captured graph keeps pointing at the same memory)."""
+    """The tuner's reset after a wrong candidate: every persistent buffer (eager, graph, and the
+    retired ones an older captured graph may still use) is zero again, in place (a captured graph
+    keeps pointing at the same memory)."""
     left = {(0, 7): torch.arange(5, dtype=torch.int32), (0, "graph"): torch.full((3,), -2, dtype=torch.int32)}
+    retired = [torch.full((2,), 9, dtype=torch.int32)]
     same = {k: v.data_ptr() for k, v in left.items()}
     monkeypatch.setattr(_zeroed_workspace, "_zeroed", left)
+    monkeypatch.setattr(_zeroed_workspace, "_retired", retired)
     _zeroed_workspace.rezero_workspaces()
     assert all(not v.any() and v.data_ptr() == same[k] for k, v in left.items())
+    assert not retired[0].any()
