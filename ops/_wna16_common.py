@@ -169,8 +169,12 @@ def output_buffers(x: Tensor, n: int, split_k: int, tiles: int) -> tuple[Tensor,
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     if split_k == 1:
         return out, out, out
-    ws = torch.empty((split_k, x.shape[0], n), dtype=torch.float32, device=x.device)
-    return out, ws, split_counters(x.device, tiles)
+    return out, *split_workspace(x, n, split_k, tiles)
+
+
+def split_workspace(x: Tensor, n: int, split_k: int, tiles: int) -> tuple[Tensor, Tensor]:
+    """The float32 split-K partials ``[SPLIT_K, M, N]`` and the ``tiles`` arrival counters."""
+    return torch.empty((split_k, x.shape[0], n), dtype=torch.float32, device=x.device), split_counters(x.device, tiles)
 
 
 @triton.jit

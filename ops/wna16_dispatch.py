@@ -386,8 +386,8 @@ def is_experimental(cfg: dict, bits: int) -> bool:
     with a register cap (``MAXNREG``; timed in the sixth and eighth sessions, never clearly the
     fastest), ``mma_words`` with ``BYTE_PAIRS`` (12-19 % slower on the H200), the tensor-core GEMV
     ``mma_gemv`` (30-40 % slower than the word GEMV at M = 1), ``TAIL_SPLIT`` (right on the
-    H200, never the fastest) and the TMA tiles' ``WORDS`` form except its 64-token, 128-deep tiles
-    (:func:`_words_offered`).
+    H200, never the fastest) and the TMA tiles' ``WORDS`` form except its 64-token 128-deep and
+    256-token 64-deep tiles (:func:`_words_offered`).
 
     From the seventh to the fourteenth session the 8-bit TMA tiles at 8 warps and with
     ``TAIL_SPLIT`` were not offered: they computed wrong results on the H200. The cause (fifteenth

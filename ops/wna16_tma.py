@@ -86,7 +86,7 @@ from torch import Tensor
 
 from ._autotune import sm_count
 from ._tma import tma_aligned
-from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, split_counters, store_tile
+from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, split_workspace, store_tile
 from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import split_k_slices
 
@@ -310,8 +310,6 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     if tail_split > 1:
         wave = cfg.get("WAVE_PROGRAMS") or cfg.get("TAIL_WAVE", 1) * sm_count(x.device)
         full = tiles // wave * wave
-    if full == tiles:
-        tail_split = 0
     k_per_split, _ = split_k_slices(k, bk, split_k)  # whole BLOCK_K tiles per split; TMA zero-fills past K
     out, ws, counts = output_buffers(x, n, split_k, tiles)
     words = bool(cfg.get("WORDS", False))
@@ -331,8 +329,7 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         _wna16_tma_kernel[(full, split_k)](*args, ws, counts, m, n, k, scales.shape[1], k_per_split,
                                            SPLIT_K=split_k, TAIL_SPLIT=0, FULL_TILES=0, **consts)
     if full < tiles:  # the tail: its own K slices, float32 partials and arrival counters
-        tail_ws = torch.empty((tail_split, m, n), dtype=torch.float32, device=x.device)
-        _wna16_tma_kernel[(tiles - full, tail_split)](*args, tail_ws, split_counters(x.device, tiles - full), m, n, k, scales.shape[1],
+        _wna16_tma_kernel[(tiles - full, tail_split)](*args, *split_workspace(x, n, tail_split, tiles - full), m, n, k, scales.shape[1],
                                                       split_k_slices(k, bk, tail_split)[0],
                                                       SPLIT_K=tail_split, TAIL_SPLIT=tail_split, FULL_TILES=full, **consts)
     return out
