@@ -5,7 +5,7 @@ median us per call; see qfuse/bench/timing.py):
 
 * ``bf16``: ``torch.matmul(x, w.t())`` with a bf16 (or fp16) weight (cuBLAS);
 * ``tinygemm``: ``torch._weight_int4pack_mm`` (bf16 only; its own packed layout, g = --group);
-* ``gemlite``: gemlite 0.6 ``A16Wn`` W4 (if importable; its shipped H100 configs are loaded,
+* ``gemlite``: gemlite 0.6 ``A16Wn``, 4- and 8-bit (if importable; its shipped H100 configs are loaded,
   since it ships none for the H200). ``--gemlite-autotune``: its autotune level, by default
   ``fast``, gemlite's own default (it tunes each kernel on the first, eager call, outside the
   timed graph). ``default`` (one fixed config per kernel, no tuning) is quicker but unfair at
@@ -66,11 +66,11 @@ def _tinygemm_weights(codes: torch.Tensor, k: int, group: int):
     return w, sz.to(torch.bfloat16).contiguous()
 
 
-def _gemlite_layer(codes, scales, group, dtype):
+def _gemlite_layer(codes, scales, group, dtype, bits):
     from gemlite.helper import A16Wn
 
-    zeros = torch.full_like(scales, 8)  # gemlite's HQQ form w = (q - z) * s: symmetric int4
-    return A16Wn(device="cuda", dtype=dtype).from_weights(codes, scales, zeros, W_nbits=4, group_size=group)
+    zeros = torch.full_like(scales, 1 << (bits - 1))  # gemlite's HQQ form w = (q - z) * s: our symmetric z = 2**(bits-1)
+    return A16Wn(device="cuda", dtype=dtype).from_weights(codes, scales, zeros, W_nbits=bits, group_size=group)
 
 
 def _setup_gemlite(log, autotune: str = "fast"):
@@ -123,9 +123,9 @@ def main(argv=None) -> int:
             tiny = gl = None
             if bits == 4 and dtype == torch.bfloat16 and group in (32, 64, 128, 256):
                 tiny = [_tinygemm_weights(codes, k, group) for _ in range(copies_for(n * k // 2))]
-            if bits == 4 and gl_version is not None:
+            if gl_version is not None:
                 try:
-                    gl = [_gemlite_layer(codes, s.clone(), group, dtype) for _ in range(copies_for(n * k // 2))]
+                    gl = [_gemlite_layer(codes, s.clone(), group, dtype, bits) for _ in range(copies_for(n * k * bits // 8))]
                 except Exception as e:
                     log(f"gemlite setup failed for {n}x{k}: {type(e).__name__}: {e}")
             for m in args.m:
