@@ -143,8 +143,8 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     assert candidate_configs(64, 4096, 4096, 4, 128)[0]["kernel"] == "tiled_tma"
     assert candidate_configs(256, 4096, 4096, 8, 128)[0]["kernel"] == "tiled_tma"
     assert not any(is_experimental(c, bits) for bits in (4, 8) for c in tma(128, 4096, bits=bits) if "WORDS" not in c)
-    # WORDS: 4-bit, the twin of a byte-path tile; offered only for the 64-token 128-deep tiles (M bucket 64,
-    # where the H200 measured it fastest), opt-in at every other tile
+    # WORDS: 4-bit, the twin of a byte-path tile; offered only for the 64-token 128-deep tiles (M bucket 64)
+    # and the 256-token 64-deep ones (M bucket >= 128), where the H200 measured it fastest; opt-in at every other tile
     for m in (16, 64, 256):
         words = [c for c in tma(m, 4096) if c.get("WORDS")]
         assert words and all({**c, "WORDS": False} in [{**d, "WORDS": False} for d in tma(m, 4096) if not d.get("WORDS")] for c in words)
