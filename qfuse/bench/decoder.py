@@ -30,13 +30,13 @@ rotation is needed.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from ._device import require_cuda
 from .timing import hbm_bandwidth, plot_speedup, time_graph, write_csv
 
 SHAPES = {"decode1": (1, 1), "decode16": (16, 1), "decode64": (64, 1), "prefill2048": (1, 2048)}  # (batch, tokens)
@@ -209,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="+", default=["decode16", "prefill2048", "decode1", "decode64"], choices=list(SHAPES))
     p.add_argument("--layers", type=int, default=4)
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("qfuse bench decoder needs a CUDA device", file=sys.stderr)
-        return 2
+    require_cuda("decoder")
     import triton
 
     out = Path(args.out)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ._device import require_cuda
+
 DEFAULT_SHAPES = ("4096x4096", "6144x4096", "28672x4096", "4096x14336", "8192x8192")
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -88,6 +90,7 @@ def _setup_gemlite(log, autotune: str = "fast"):
 
 def main(argv=None) -> int:
     args = _args(argv or [])
+    require_cuda("gemm")  # --precompile-only too: its workers compile by running each config on the GPU
     from qfuse.ops._autotune import _key_str, _memory, device_name
     from qfuse.ops.wna16_dispatch import OP, config_key
     from qfuse.ops.wna16_gemm import wna16_gemm_ref

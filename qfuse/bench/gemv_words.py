@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
+
+from ._device import require_cuda
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 GROUP = 128
@@ -44,12 +45,6 @@ def _tinygemm(ws, n: int, k: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qfuse.ops.wna16_dispatch import candidate_configs, config_key, is_experimental, run_config
-    from qfuse.ops.wna16_gemm import wna16_gemm_ref
-    from qfuse.ops.wna16_gemv_words import wna16_gemv_words
-
-    from .timing import copies_for, hbm_bandwidth, time_graph, write_csv
-
     p = argparse.ArgumentParser(prog="qfuse bench gemv_words", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--m", default="1,2,4", help="comma-separated M values")
@@ -59,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experimental", action="store_true", help="also time the opt-in configs (register caps)")
     p.add_argument("--baseline-json", type=Path, default=Path(__file__).resolve().parents[2] / "ops/tuned/wna16_gemm.NVIDIA_H200.json")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("qfuse bench gemv_words needs a CUDA device", file=sys.stderr)
-        return 1
+    require_cuda("gemv_words")
+    from qfuse.ops.wna16_dispatch import candidate_configs, config_key, is_experimental, run_config
+    from qfuse.ops.wna16_gemm import wna16_gemm_ref
+    from qfuse.ops.wna16_gemv_words import wna16_gemv_words
+
+    from .timing import copies_for, hbm_bandwidth, time_graph, write_csv
+
     group = args.group
     baseline = json.loads(args.baseline_json.read_text())
     torch.manual_seed(0)

@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from ._device import require_cuda
 from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_graph, write_csv
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
@@ -253,9 +253,7 @@ def main(argv=None) -> int:
     p.add_argument("--families", nargs="+", choices=FAMILIES, default=None,
                    help="kernel families to time (default: all; see config_family); W8A8's tile kernel is always timed")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("qfuse bench int8_gemm needs a CUDA device", file=sys.stderr)
-        return 1
+    require_cuda("int8_gemm")
     import triton
 
     log = lambda s: print(s, flush=True)  # noqa: E731

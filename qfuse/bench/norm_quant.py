@@ -23,12 +23,12 @@ the CUDA op differ from the plain-torch reference run on the GPU and on the CPU.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from ._device import require_cuda
 from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_graph, write_csv
 
 OPS = ("rms_norm_quant", "fused_add_rms_norm_quant", "silu_and_mul_quant")
@@ -189,9 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-inductor", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--accuracy", action="store_true", help="also count mismatches against the reference (GPU and CPU)")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("qfuse bench norm_quant needs a CUDA device", file=sys.stderr)
-        return 2
+    require_cuda("norm_quant")
     import triton
 
     out = Path(args.out)

@@ -2,7 +2,7 @@
 cuBLAS on 28672x4096, pointer-fed and TMA-fed, CUDA-graph medians over rotated weight copies
 (qfuse/bench/timing.py). Prints one dict per M: us per call and max |error| against ``x @ w.t()``.
 
-    python3 -m qfuse.bench.triton_bf16_ceiling
+    qfuse bench triton_bf16_ceiling
 
 If Triton's own bf16 tile is at 0.8-0.9x of cuBLAS (BENCHMARKS.md, sixth session), a W4A16 tile that
 also dequantizes cannot reach 0.9x at compute-bound M by reading fewer bytes alone.
@@ -10,12 +10,15 @@ also dequantizes cannot reach 0.9x at compute-bound M by reading fewer bytes alo
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 import triton
 import triton.language as tl
 
 from qfuse.ops._wna16_common import grouped_tile
 
+from ._device import require_cuda
 from .timing import copies_for, time_graph
 
 
@@ -54,7 +57,10 @@ TILES = [(False, 256, 128, 64, 8, 3, False), (False, 256, 128, 64, 8, 3, True),
          (True, 128, 256, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, True), (True, 128, 128, 64, 4, 4, False)]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="qfuse bench triton_bf16_ceiling", description=__doc__.split("\n\n")[0])
+    p.parse_args(argv)
+    require_cuda("triton_bf16_ceiling")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     n, k = 28672, 4096
@@ -80,7 +86,8 @@ def main() -> None:
             except Exception as e:
                 row[label] = type(e).__name__ + (str(e)[:80] if tma else "")
         print(row, flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
