@@ -3,7 +3,8 @@
 Each check raises a ``ValueError`` or ``TypeError`` that names the op, the
 argument and what was expected, before any kernel runs. The checks read only
 metadata (shape, dtype, device, strides), never data, so they are safe inside
-fake-tensor tracing and CUDA-graph capture.
+fake-tensor tracing and CUDA-graph capture; the value checks at the end of this
+file are the exception and are called only where a sync is allowed (see there).
 """
 
 from __future__ import annotations
@@ -83,3 +84,44 @@ def check_bias(op: str, bias, n: int, dtype: torch.dtype) -> None:
     check_tensor(op, "bias", bias)
     check_shape(op, "bias", bias, (n,), "one value per output feature")
     check_dtype(op, "bias", bias, dtype)
+
+
+# Value checks. Unlike the checks above these read data: a pass over the tensor
+# and, on an accelerator, a device->host sync (which would stall the stream and
+# break CUDA-graph capture). So the ops run them only on their reference (CPU)
+# path; the CUDA kernels skip them, and loaders call the public wrappers
+# (``check_wna16_zeros``, ``check_static_scale``) once at load/quantize time.
+
+
+def check_int_range(op: str, name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
+    """Every value of the integer tensor ``t`` lies in [lo, hi)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"qfuse.{op}: {name} must be an integer tensor, got {str(t.dtype).replace('torch.', '')}")
+    info = torch.iinfo(t.dtype)
+    if lo <= info.min and info.max < hi:
+        return  # a dtype fact (e.g. uint8 zeros for bits=8): no data to read
+    if t.numel() == 0:
+        return
+    t64 = t.to(torch.int64)  # compare in int64: ``uint8 >= 256`` would not fit the tensor's dtype
+    count = int(((t64 < lo) | (t64 >= hi)).sum())
+    if count:
+        lo_seen, hi_seen = int(t64.min()), int(t64.max())
+        seen = ", ".join(([f"min {lo_seen}"] if lo_seen < lo else []) + ([f"max {hi_seen}"] if hi_seen >= hi else []))
+        raise ValueError(f"qfuse.{op}: {name}: {count} values outside [{lo}, {hi}){what} ({seen})")
+
+
+def check_positive_finite(op: str, name: str, t: torch.Tensor) -> None:
+    """Every value of ``t`` is finite and > 0 (a divisor: 0, negative or NaN would zero or flip codes)."""
+    bad = ~(torch.isfinite(t) & (t > 0))
+    count = int(bad.sum())
+    if count:
+        first = t[bad].flatten()[0].item()
+        extra = f" ({count} of {t.numel()} values bad)" if t.numel() > 1 else ""
+        raise ValueError(f"qfuse.{op}: {name} must be finite and > 0, got {first}{extra}")
+
+
+def check_no_nan(op: str, name: str, t: torch.Tensor, why: str = "") -> None:
+    count = int(torch.isnan(t).sum())
+    if count:
+        hint = f"; {why}" if why else ""
+        raise ValueError(f"qfuse.{op}: {name}: {count} NaN values (of {t.numel()}){hint}")

@@ -8,7 +8,7 @@ as ``torch.round``)::
         scale[r] = max(amax[r], 1e-10) / 127                     float32 [..., 1]
         xq[r, k] = clamp(round(x[r, k] / scale[r]), -128, 127)   int8   [..., K]
 
-    quant_per_tensor_int8(x, scale):         scale: float32 [1], > 0 (static, calibrated)
+    quant_per_tensor_int8(x, scale):         scale: float32 [1], finite, > 0 (static, calibrated)
         xq = clamp(round(x / scale), -128, 127)
 
 ``x ≈ xq * scale``. An all-zero row gets the finite scale 1e-10/127 and zero
@@ -18,6 +18,22 @@ above 1e-10). Codes of the per-token path lie in [-127, 127] since
 
 CUDA kernels: Triton, in ``int8_quant_kernels.py`` (codes and scales bit-exact to
 the reference kernel run on the same device).
+
+Value checks of ``quant_per_tensor_int8`` (a scale <= 0 flips or zeroes every code,
+a NaN/inf scale makes them 0 or garbage, and a NaN activation becomes code 0, a
+finite value downstream: all silent)::
+
+    CPU (reference kernel)  scale finite and > 0, x free of NaN: ValueError naming
+                            the bad value / the NaN count
+    CUDA                    nothing that reads data (it would sync the host and break
+                            CUDA-graph capture; scale must be on x's device, so it
+                            can never be read for free)
+    load / calibrate time   ``check_static_scale(scale)``: any device, may sync
+    never                   NaN activations on CUDA (they are per-call data)
+
+A tiny positive scale is valid (codes saturate at -128/127), and so is +-inf in x
+(it saturates too). ``quant_per_token_int8`` is not value-checked: a NaN in a row
+makes that row's scale NaN, so it propagates instead of hiding.
 """
 
 from __future__ import annotations
@@ -25,7 +41,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validation import ACT_DTYPES, check_dtype, check_nonempty_last, check_same_device, check_shape, check_tensor
+from ._validation import (
+    ACT_DTYPES,
+    check_dtype,
+    check_no_nan,
+    check_nonempty_last,
+    check_positive_finite,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
 
 AMAX_FLOOR = 1e-10
 
@@ -46,6 +71,16 @@ def quant_per_token_int8_ref(x: Tensor) -> tuple[Tensor, Tensor]:
 def quant_per_tensor_int8_ref(x: Tensor, scale: Tensor) -> Tensor:
     """Reference kernel for ``quant_per_tensor_int8``."""
     return torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8).contiguous()
+
+
+def check_static_scale(scale: Tensor | float) -> None:
+    """Raise ``ValueError`` unless every value of the static ``scale`` is finite and > 0.
+
+    For loaders and calibration: call once when the scale is made or loaded, on any
+    device (it reads the data, so on CUDA it syncs; the CUDA op itself does not check,
+    see the module docstring).
+    """
+    check_positive_finite("quant_per_tensor_int8", "scale", torch.as_tensor(scale))
 
 
 def _check_per_token(x: Tensor) -> None:
@@ -93,6 +128,9 @@ def _quant_per_token_int8_fake(x: Tensor) -> tuple[Tensor, Tensor]:
 def quant_per_tensor_int8(x: Tensor, scale: Tensor) -> Tensor:
     """Static symmetric per-tensor int8 quantization with a calibrated float32 ``scale`` of shape [1]."""
     _check_per_tensor(x, scale)
+    # These read data: reference path only, never the CUDA kernel (see the module docstring).
+    check_static_scale(scale)
+    check_no_nan("quant_per_tensor_int8", "x", x, "NaN has no int8 code (it would become 0)")
     return quant_per_tensor_int8_ref(x, scale)
 
 

@@ -26,6 +26,20 @@ CUDA: Triton kernels picked per M bucket (ops/wna16_dispatch.py; configs from
 ``ops/tuned/wna16_gemm.<gpu>.json`` or ``$QFUSE_AUTOTUNE_CACHE``, see ops/_autotune.py).
 Any M, any N, any K that the checks above accept (even K for 4-bit, K % group_size == 0);
 no repacking per call: the kernels read this layout as is.
+
+Value checks. Zero points must lie in [0, 2**bits), the range of a code: the CUDA
+kernels' bit-trick dequantization assumes z fits the code width, so a 4-bit z of
+16..255 gives a silently wrong weight there (and CPU and CUDA would disagree)::
+
+    CPU (reference kernel)  4-bit zeros: ValueError naming the count and the max
+    CUDA                    nothing that reads data (it would sync the host and break
+                            CUDA-graph capture); 8-bit uint8 zeros are in range by
+                            their dtype, 4-bit zeros are NOT checked
+    load / quantize time    ``check_wna16_zeros(zeros, bits)``: any device, may sync;
+                            call it once where the zeros are made or loaded
+
+Scales, x and bias are not value-checked: any scale is a well-defined weight
+(0 or negative included), and a NaN/inf there propagates to the output, not hidden.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from ._validation import (
     check_contiguous,
     check_dtype,
     check_group_size,
+    check_int_range,
     check_ndim,
     check_same_device,
     check_shape,
@@ -100,12 +115,29 @@ def check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size) -> tuple
     return m, n, k
 
 
+def check_wna16_zeros(zeros: Tensor | None, bits: int) -> None:
+    """Raise ``ValueError`` unless every zero point lies in [0, 2**bits).
+
+    For loaders and quantizers: call once at load/quantize time, on any device (it reads
+    the data, so on CUDA it syncs; the CUDA op itself does not check, see the module
+    docstring). Accepts any integer dtype, so it also catches values a cast to uint8
+    would wrap. ``None`` (symmetric) passes.
+    """
+    if bits not in (4, 8):
+        raise ValueError(f"qfuse.{OP}: bits must be 4 or 8, got {bits}")
+    if zeros is None:
+        return
+    check_tensor(OP, "zeros", zeros)
+    check_int_range(OP, "zeros", zeros, 0, 1 << bits, f" for bits={bits}")
+
+
 @torch.library.custom_op("qfuse::wna16_gemm", mutates_args=())
 def wna16_gemm(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int
 ) -> Tensor:
     """``x @ dequant(qweight).T + bias`` for 8- or 4-bit weights and fp16/bf16 activations."""
     check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size)
+    check_wna16_zeros(zeros, bits)  # reads data: reference path only, never the CUDA kernel
     return wna16_gemm_ref(x, qweight, scales, zeros, bias, bits, group_size)
 
 

@@ -78,3 +78,46 @@ def test_rejects_bad_input():
         torch.ops.qfuse.quant_per_tensor_int8(x, torch.tensor([0.1], dtype=torch.float64))
     with pytest.raises(ValueError, match="scale is on meta but x is on cpu"):
         torch.ops.qfuse.quant_per_tensor_int8(x, torch.empty(1, device="meta"))
+
+
+@pytest.mark.parametrize("bad", (0.0, -0.0, -0.05, float("nan"), float("inf"), float("-inf")))
+def test_per_tensor_rejects_bad_scale(bad):
+    """A scale <= 0 flips or zeroes codes and NaN/inf ones zero them: rejected on the reference path."""
+    x = torch.randn(4, 32).half()
+    with pytest.raises(ValueError, match=rf"scale must be finite and > 0, got {bad}"):
+        torch.ops.qfuse.quant_per_tensor_int8(x, torch.tensor([bad]))
+
+
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+def test_per_tensor_rejects_nan_activation(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 40, generator=gen).to(dtype)
+    count = int(torch.randint(1, 10, (), generator=gen))
+    x.view(-1)[torch.randperm(x.numel(), generator=gen)[:count]] = float("nan")
+    with pytest.raises(ValueError, match=rf"quant_per_tensor_int8: x: {count} NaN values \(of 240\)"):
+        torch.ops.qfuse.quant_per_tensor_int8(x, torch.tensor([0.05]))
+
+
+@pytest.mark.parametrize("tiny", (1e-30, 1e-45))  # 1e-45 rounds to the smallest float32 subnormal
+def test_per_tensor_accepts_tiny_scale_and_inf(tiny):
+    """Valid edges: a tiny positive scale saturates every nonzero code, and +-inf in x saturates."""
+    x = torch.randn(3, 16).half()
+    x[0, :3] = torch.tensor([0.0, float("inf"), float("-inf")])
+    xq = torch.ops.qfuse.quant_per_tensor_int8(x, torch.tensor([tiny]))
+    expect = torch.where(x > 0, 127, torch.where(x < 0, -128, 0)).to(torch.int8)
+    assert torch.equal(xq, expect)
+    xq1 = torch.ops.qfuse.quant_per_tensor_int8(x, torch.tensor([1.0]))
+    assert xq1[0, :3].tolist() == [0, 127, -128]
+
+
+def test_check_static_scale_helper():
+    from qfuse.ops.quant_int8 import check_static_scale
+
+    check_static_scale(torch.tensor([1e-30]))
+    check_static_scale(0.05)  # a plain float from calibration
+    with pytest.raises(ValueError, match="scale must be finite and > 0, got nan"):
+        check_static_scale(torch.tensor([float("nan")]))
+    with pytest.raises(ValueError, match="scale must be finite and > 0, got -2.0"):
+        check_static_scale(-2.0)
+    with pytest.raises(ValueError, match=r"got 0.0 \(2 of 3 values bad\)"):
+        check_static_scale(torch.tensor([1.0, 0.0, float("inf")]))

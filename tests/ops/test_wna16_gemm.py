@@ -85,3 +85,48 @@ def test_rejects_bad_input():
         op(x.float(), qw, s, z, b, 4, 64)
     with pytest.raises(ValueError, match="scales is on meta but x is on cpu"):
         op(x, qw, s.to("meta"), z, b, 4, 64)
+
+
+def test_rejects_out_of_range_zero_points():
+    """4-bit zero points of 16..255 (a uint8 holds them) are rejected on the reference path."""
+    gen = torch.Generator().manual_seed(0)
+    qw, s, z, b = _make(32, 256, 4, 64, False, torch.float16, bias=True)
+    x = torch.randn(5, 256).half()
+    bad = z.clone()
+    flat = bad.view(-1)
+    idx = torch.randperm(flat.numel(), generator=gen)[:3]
+    flat[idx] = torch.randint(16, 256, (3,), dtype=torch.uint8, generator=gen)
+    top = int(bad.max())
+    msg = rf"qfuse\.wna16_gemm: zeros: 3 values outside \[0, 16\) for bits=4 \(max {top}\)"
+    with pytest.raises(ValueError, match=msg):
+        torch.ops.qfuse.wna16_gemm(x, qw, s, bad, b, 4, 64)
+
+
+@pytest.mark.parametrize("bits", (4, 8))
+def test_accepts_edge_zero_points(bits):
+    """z = 0 and z = 2**bits - 1 are valid and follow the documented math."""
+    qw, s, _, _ = _make(16, 128, bits, 32, False, torch.bfloat16, bias=False)
+    x = torch.randn(3, 128).bfloat16()
+    z = torch.randint(0, 2, s.shape, dtype=torch.uint8) * (2**bits - 1)  # only the two edge values
+    out = torch.ops.qfuse.wna16_gemm(x, qw, s, z, None, bits, 32)
+    ref = x.double() @ _dequant64(qw, s, z, bits, 32).to(torch.bfloat16).double().T
+    tol = torch.finfo(torch.bfloat16).eps * ref.abs() + 1e-4 * ref.abs().max()
+    assert ((out.double() - ref).abs() <= tol).all()
+
+
+def test_check_wna16_zeros_helper():
+    from qfuse.ops.wna16_gemm import check_wna16_zeros
+
+    check_wna16_zeros(None, 4)  # symmetric
+    check_wna16_zeros(torch.tensor([[0, 15]], dtype=torch.uint8), 4)
+    check_wna16_zeros(torch.tensor([[0, 255]], dtype=torch.uint8), 8)  # every uint8 fits 8 bits
+    check_wna16_zeros(torch.randint(0, 16, (8, 4), dtype=torch.int32), 4)  # before the cast to uint8
+    with pytest.raises(ValueError, match=r"zeros: 1 values outside \[0, 16\) for bits=4 \(max 200\)"):
+        check_wna16_zeros(torch.tensor([[3, 200]], dtype=torch.uint8), 4)
+    # values a cast to uint8 would wrap into range (256 -> 0, -1 -> 255)
+    with pytest.raises(ValueError, match=r"zeros: 2 values outside \[0, 256\) for bits=8 \(min -1, max 256\)"):
+        check_wna16_zeros(torch.tensor([[-1, 7, 256]]), 8)
+    with pytest.raises(TypeError, match="zeros must be an integer tensor, got float16"):
+        check_wna16_zeros(torch.zeros(2, 2, dtype=torch.float16), 4)
+    with pytest.raises(ValueError, match="bits must be 4 or 8, got 3"):
+        check_wna16_zeros(None, 3)
