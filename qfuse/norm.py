@@ -46,3 +46,19 @@ def is_convertible_rmsnorm(module: nn.Module) -> bool:
     if isinstance(module, nn.RMSNorm):
         return len(tuple(module.normalized_shape)) == 1
     return type(module).__name__ in HF_RMSNORM_CLASSES and hasattr(module, "variance_epsilon")
+
+
+def check_convertible(module: nn.Module, name: str) -> None:
+    """Raise a TypeError when ``module``'s weight is not fp16/bf16.
+
+    ``qfuse::rms_norm`` takes fp16/bf16 activations only. A float32 norm weight means
+    float32 activations (an fp32 model: every forward would fail after conversion) or a
+    norm kept in float32 on purpose (HF promotes its output to float32; the qfuse module
+    would return the input dtype instead). A norm without weight has no dtype to check.
+    """
+    weight = getattr(module, "weight", None)
+    if weight is not None and weight.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{name}: {type(module).__name__} weight dtype {weight.dtype} is not supported; qfuse runs fp16/bf16 models "
+            "(convert first, e.g. model.to(torch.bfloat16))"
+        )

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import fnmatch
+import warnings
+from collections import Counter
 from collections.abc import Iterable
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .linear import QuantLinear, check_quantizable
-from .norm import RMSNorm, is_convertible_rmsnorm
+from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
 from .schemes import Scheme, get_scheme
+
+# What ignore=None means. Unlike entries the caller passes, it does not warn when it
+# matches nothing: most models without an "lm_head" simply have no output head.
+DEFAULT_IGNORE = ("lm_head",)
 
 
 def _ignored(name: str, ignore: Iterable[str]) -> bool:
@@ -20,43 +27,159 @@ def _ignored(name: str, ignore: Iterable[str]) -> bool:
     return any(pat == name or pat == last or fnmatch.fnmatchcase(name, pat) for pat in ignore)
 
 
+def _label(name: str) -> str:
+    """The name used in messages; the model itself has the empty name."""
+    return name or "model"
+
+
+def _ignore_patterns(ignore: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``ignore`` as a tuple of patterns. A str is one pattern: iterating it would give
+    its characters, and "lm_head" would then ignore nothing."""
+    if ignore is None:
+        return DEFAULT_IGNORE
+    patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    not_str = [p for p in patterns if not isinstance(p, str)]
+    if not_str:
+        raise TypeError(f"ignore entries must be str, got {not_str!r}")
+    return patterns
+
+
+def _refuse_quantized(model: nn.Module) -> None:
+    """A model holding QuantLinears was quantized before. Quantizing the rest silently
+    would leave the model with the old scheme; requantizing would quantize rounded
+    weights a second time. Neither is what a second call means."""
+    schemes = Counter(m.scheme.name for m in model.modules() if isinstance(m, QuantLinear))
+    if schemes:
+        found = ", ".join(f"{n} {s}" for s, n in sorted(schemes.items()))
+        raise ValueError(
+            f"model is already quantized ({found} QuantLinear layer(s)); quantize_model converts float nn.Linear "
+            "layers and does not requantize: start again from the float model. To give some layers another scheme, "
+            "keep them out of the first call with ignore=... and quantize those submodules in a second call"
+        )
+
+
+def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every module quantize_model could replace: float ``nn.Linear`` and convertible RMSNorms."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) or is_convertible_rmsnorm(m)]
+
+
+def _warn_unmatched(patterns: tuple[str, ...], names: list[str]) -> None:
+    """An entry that matches no layer ignores nothing, which is a typo or a container
+    name (``"mlp"``: entries match layers, not the modules holding them)."""
+    for pat in patterns:
+        if not any(_ignored(name, (pat,)) for name in names):
+            warnings.warn(
+                f"quantize_model: ignore entry {pat!r} matches no nn.Linear or RMSNorm layer, so it ignores nothing "
+                "(an entry matches a layer's full name, its last name component, or its full name as a glob, "
+                "e.g. 'model.layers.0.*')",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _refuse_nothing_to_quantize(model: nn.Module, linears: list, candidates: list, patterns: tuple[str, ...]) -> None:
+    """Returning a model with no quantized layer would look like success (a model of
+    transformers Conv1D layers, an ignore pattern matching everything, an fp32 model whose
+    norms alone would be converted and then fail at every forward)."""
+    if linears:
+        return
+    n_linear = sum(isinstance(m, nn.Linear) for _, m in candidates)
+    why = (f"all {n_linear} nn.Linear layer(s) are matched by ignore={patterns!r}" if n_linear
+           else f"{type(model).__name__} contains no nn.Linear")
+    raise ValueError(f"nothing to quantize (model left unchanged): {why}")
+
+
+def _check_finite(w: Tensor, name: str) -> None:
+    """A meta tensor has no values to check."""
+    if not w.is_meta and not torch.isfinite(w).all():
+        bad = int((~torch.isfinite(w)).sum())
+        raise ValueError(f"{name}: weight has {bad} NaN/inf value(s) of {w.numel()} (a broken checkpoint?)")
+
+
+def _problem(name: str, mod: nn.Module, scheme: Scheme) -> Exception | None:
+    """Why ``mod`` cannot be converted, or None."""
+    try:
+        if isinstance(mod, nn.Linear):
+            check_quantizable(mod.weight, scheme, _label(name))
+            _check_finite(mod.weight.detach(), _label(name))
+        else:
+            check_convertible(mod, _label(name))
+    except (TypeError, ValueError) as e:
+        return e
+    return None
+
+
+def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme) -> None:
+    """One error naming every layer that cannot be converted, before anything changes."""
+    problems = [e for name, mod in layers if (e := _problem(name, mod, scheme)) is not None]
+    if not problems:
+        return
+    kind = TypeError if all(isinstance(e, TypeError) for e in problems) else ValueError
+    lines = "\n  ".join(str(e) for e in problems[:20])
+    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    raise kind(f"cannot quantize {len(problems)} layer(s) with {scheme.name} (model left unchanged):\n  {lines}{more}\n"
+               "pass their names in ignore=... to keep them in floating point")
+
+
+def _build_replacements(linears: list, norms: list, scheme: Scheme, progress: bool) -> list[tuple[str, nn.Module]]:
+    """Every new module, built before any is swapped in: an error half-way (a quantizer,
+    out of memory, Ctrl-C) then leaves the model exactly as it was."""
+    with tqdm(linears, desc=f"qfuse {scheme.name}", unit="layer", disable=not progress) as bar:
+        new: list[tuple[str, nn.Module]] = [(name, QuantLinear.from_linear(mod, scheme)) for name, mod in bar]
+    new += [(name, RMSNorm.from_module(mod)) for name, mod in norms]
+    return new
+
+
 def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
 
 
+def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.Module:
+    for name, new in replacements:
+        if not name:
+            # The model is itself an nn.Linear (a leaf, so the only replacement): there is
+            # no parent to swap it into, the new module is the result.
+            return new
+        _set_submodule(model, name, new)
+    return model
+
+
 def quantize_model(
-    model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str] = ("lm_head",), progress: bool = True
+    model: nn.Module, scheme: Scheme | str, *, ignore: str | Iterable[str] | None = None, progress: bool = True
 ) -> nn.Module:
     """Quantize ``model`` in place with ``scheme`` and return it.
 
-    Every ``nn.Linear`` not matched by ``ignore`` becomes a :class:`qfuse.QuantLinear`;
-    every RMSNorm of a Hugging Face Llama / Qwen2 / Mistral model (and ``torch.nn.RMSNorm``)
-    becomes a :class:`qfuse.RMSNorm` calling ``qfuse::rms_norm``. All layers are checked
-    before any is changed: a layer the scheme cannot take (fp32 weights, in_features not
-    divisible by the group size, ...) raises a ``ValueError``/``TypeError`` naming every
-    such layer, and the model is left untouched. Add such layers to ``ignore`` to keep
-    them in floating point.
+    Every ``nn.Linear`` becomes a :class:`qfuse.QuantLinear`; every RMSNorm of a Hugging
+    Face Llama / Qwen2 / Mistral model (and ``torch.nn.RMSNorm``) becomes a
+    :class:`qfuse.RMSNorm` calling ``qfuse::rms_norm``. Layers matched by ``ignore`` are
+    kept as they are: an entry matches a layer's full name, its last name component, or
+    its full name as a glob (``"model.layers.0.*"``); a str is one entry. ``None`` means
+    ``("lm_head",)``; an entry given explicitly that matches no layer warns.
+
+    All layers are checked, and all new modules built, before any is swapped in: a layer
+    that cannot be converted (fp32 weights, in_features not divisible by the group
+    size, NaN/inf weights, ...) raises a ``ValueError``/``TypeError`` naming every such
+    layer, and any error leaves the model untouched. It also raises a ``ValueError``
+    when no ``nn.Linear`` is left to quantize, and when the model already contains
+    ``QuantLinear`` layers (no requantization: start from the float model).
+
+    A model on the meta device gives a skeleton with meta buffers of the real shapes
+    and dtypes, to be filled by ``load_state_dict(state_dict, assign=True)``.
+
+    A bare ``nn.Linear`` cannot be changed in place: the returned ``QuantLinear``
+    replaces it, so use the return value.
     """
     scheme = get_scheme(scheme)
-    ignore = tuple(ignore)
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not _ignored(n, ignore)]
-    norms = [(n, m) for n, m in model.named_modules() if is_convertible_rmsnorm(m)]
-    problems = []
-    for name, mod in linears:
-        try:
-            check_quantizable(mod.weight, scheme, name)
-        except (TypeError, ValueError) as e:
-            problems.append(e)
-    if problems:
-        kind = TypeError if all(isinstance(e, TypeError) for e in problems) else ValueError
-        lines = "\n  ".join(str(e) for e in problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise kind(f"cannot quantize {len(problems)} layer(s) with {scheme.name} (model left unchanged):\n  {lines}{more}\n"
-                   "pass their names in ignore=... to keep them in floating point")
-    for name, mod in tqdm(linears, desc=f"qfuse {scheme.name}", unit="layer", disable=not progress):
-        _set_submodule(model, name, QuantLinear.from_linear(mod, scheme))
-    for name, mod in norms:
-        _set_submodule(model, name, RMSNorm.from_module(mod))
-    return model
+    patterns = _ignore_patterns(ignore)
+    _refuse_quantized(model)
+    candidates = _candidates(model)
+    if ignore is not None:
+        _warn_unmatched(patterns, [n for n, _ in candidates])
+    kept = [(n, m) for n, m in candidates if not _ignored(n, patterns)]
+    linears = [(n, m) for n, m in kept if isinstance(m, nn.Linear)]
+    norms = [(n, m) for n, m in kept if not isinstance(m, nn.Linear)]
+    _refuse_nothing_to_quantize(model, linears, candidates, patterns)
+    _check_all(linears + norms, scheme)
+    return _swap_in(model, _build_replacements(linears, norms, scheme, progress))

@@ -5,6 +5,11 @@ layouts they produce are documented in the op modules (``qfuse.ops.*``).
 Every scale stored in a reduced dtype is rounded first, and the codes are
 computed from the rounded scale, so the stored tensors describe the real
 weight as faithfully as their dtype allows.
+
+A weight on the meta device (a model built with ``torch.device("meta")``, to be
+filled by ``load_state_dict(..., assign=True)``) gives meta tensors of exactly the
+shapes and dtypes a real weight gives: no code here branches on tensor values
+there, and the value checks are skipped.
 """
 
 from __future__ import annotations
@@ -17,6 +22,27 @@ from .ops.w4a8_gemm import GROUP_SCALE_MAX
 
 # Smallest scale numerator (as AutoAWQ's clamp(min=1e-5)): keeps an all-zero group finite.
 _MIN_RANGE = 1e-5
+
+
+def _float32(w: Tensor) -> Tensor:
+    """``w`` as float32, refusing NaN/inf: they would become garbage codes (NaN casts to an
+    arbitrary integer) that fail only at the first forward, with a message about scales."""
+    wf = w.float()
+    if not wf.is_meta and not torch.isfinite(wf).all():
+        bad = int((~torch.isfinite(wf)).sum())
+        raise ValueError(f"weight has {bad} NaN/inf value(s) of {wf.numel()}; cannot quantize it")
+    return wf
+
+
+def _pack(codes: Tensor) -> Tensor:
+    """:func:`pack_int4`; on the meta device, where its range check cannot read values,
+    an empty tensor of the shape and dtype it returns."""
+    if not codes.is_meta:
+        return pack_int4(codes)
+    n, k = codes.shape
+    if k % 2:
+        raise ValueError(f"pack_int4: codes must be [N, K] with K even, got {tuple(codes.shape)}")
+    return codes.new_empty(n, k // 2)
 
 
 def _grouped(w: Tensor, group_size: int) -> Tensor:
@@ -37,7 +63,7 @@ def quantize_wna16(w: Tensor, bits: int, group_size: int, symmetric: bool, scale
                 s = max(max - min, 1e-5) / (2**bits - 1);  z = clamp(-round(min / s), 0, 2**bits - 1);
                 u = clamp(round(w / s) + z, 0, 2**bits - 1)
     """
-    wg = _grouped(w.float(), group_size)
+    wg = _grouped(_float32(w), group_size)
     n, groups, _ = wg.shape
     if symmetric:
         qmax = (1 << (bits - 1)) - 1
@@ -52,13 +78,13 @@ def quantize_wna16(w: Tensor, bits: int, group_size: int, symmetric: bool, scale
         q = (torch.round(wg / s) + z).clamp(0, umax)
         zeros = z.reshape(n, groups).to(torch.uint8).contiguous()
     codes = q.reshape(n, -1).to(torch.uint8)
-    qweight = pack_int4(codes) if bits == 4 else codes.contiguous()
+    qweight = _pack(codes) if bits == 4 else codes.contiguous()
     return {"qweight": qweight, "scales": s.reshape(n, groups).to(scale_dtype).contiguous(), "zeros": zeros}
 
 
 def quantize_w8a8(w: Tensor) -> dict[str, Tensor]:
     """Per-channel symmetric int8 for ``w8a8_gemm``: ``s = max(amax, 1e-5) / 127``, ``wq = clamp(round(w / s), -127, 127)``."""
-    wf = w.float()
+    wf = _float32(w)
     s = wf.abs().amax(dim=1, keepdim=True).clamp(min=_MIN_RANGE) / 127.0
     wq = torch.round(wf / s).clamp(-127, 127).to(torch.int8)
     return {"wq": wq.contiguous(), "w_scale": s.reshape(-1).contiguous()}
@@ -73,7 +99,7 @@ def quantize_w4a8(w: Tensor, group_size: int) -> dict[str, Tensor | None]:
                         q = clamp(round(w / (w_scale * group_scale)), -8, 7)
     stored u = q + 8. The group path keeps every product q * group_scale inside int8.
     """
-    wf = w.float()
+    wf = _float32(w)
     n, k = wf.shape
     amax = wf.abs().amax(dim=1, keepdim=True).clamp(min=_MIN_RANGE)
     if group_size == -1:
@@ -88,5 +114,5 @@ def quantize_w4a8(w: Tensor, group_size: int) -> dict[str, Tensor | None]:
         group_scale = gs.reshape(n, -1).to(torch.int8).contiguous()
     else:
         raise ValueError(f"W4A8 group_size must be -1 or 128, got {group_size}")
-    qweight = pack_int4((q + 8).to(torch.uint8))
+    qweight = _pack((q + 8).to(torch.uint8))
     return {"qweight": qweight, "w_scale": w_scale.reshape(-1).contiguous(), "group_scale": group_scale}

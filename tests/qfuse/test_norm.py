@@ -28,3 +28,12 @@ def test_torch_rmsnorm_default_eps_and_no_affine():
 def test_rejects_unknown_module():
     with pytest.raises(TypeError, match="cannot convert LayerNorm"):
         qfuse.RMSNorm.from_module(torch.nn.LayerNorm(8))
+
+
+def test_check_convertible_wants_fp16_or_bf16_weight():
+    from qfuse.norm import check_convertible
+
+    check_convertible(torch.nn.RMSNorm(64).bfloat16(), "norm")
+    check_convertible(torch.nn.RMSNorm(64, elementwise_affine=False), "norm")  # no weight, no dtype to check
+    with pytest.raises(TypeError, match=r"layers.0.norm: RMSNorm weight dtype torch.float32 .*model.to\(torch.bfloat16\)"):
+        check_convertible(torch.nn.RMSNorm(64), "layers.0.norm")

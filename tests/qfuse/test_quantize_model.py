@@ -99,3 +99,155 @@ def test_torch_nn_rmsnorm_converted():
     assert isinstance(model[0], qfuse.RMSNorm)
     with torch.no_grad():
         assert rel_err(model(x), ref) < 0.02
+
+
+def _module_types(model):
+    return {name: type(m) for name, m in model.named_modules()}
+
+
+def _assert_unchanged(model, types, state):
+    assert _module_types(model) == types
+    torch.testing.assert_close(dict(model.state_dict()), dict(state), rtol=0, atol=0, equal_nan=True)
+
+
+def test_ignore_str_is_one_pattern(recwarn):
+    model = tiny_hf_model("llama", layers=1)
+    qfuse.quantize_model(model, "W8A16", ignore="lm_head", progress=False)
+    assert type(model.lm_head) is nn.Linear
+    assert isinstance(model.model.layers[0].mlp.up_proj, qfuse.QuantLinear)
+    assert not recwarn.list
+
+
+def test_ignore_entry_matching_nothing_warns():
+    model = tiny_hf_model("llama", layers=1)
+    with pytest.warns(UserWarning) as record:
+        qfuse.quantize_model(model, "W8A16", ignore=["lm_head", "mlp", "q_prj"], progress=False)
+    assert sorted(str(w.message).split("'")[1] for w in record) == ["mlp", "q_prj"]
+    assert "matches no nn.Linear or RMSNorm layer" in str(record[0].message)
+    assert record[0].filename == __file__  # points at the caller's line
+    assert isinstance(model.model.layers[0].mlp.up_proj, qfuse.QuantLinear)
+
+
+def test_default_ignore_does_not_warn_without_lm_head(recwarn):
+    qfuse.quantize_model(nn.Sequential(nn.Linear(64, 64)).bfloat16(), "W8A16", progress=False)
+    assert not recwarn.list
+    # the same entry given explicitly is the caller's pattern: it warns
+    with pytest.warns(UserWarning, match="ignore entry 'lm_head' matches no"):
+        qfuse.quantize_model(nn.Sequential(nn.Linear(64, 64)).bfloat16(), "W8A16", ignore=("lm_head",), progress=False)
+
+
+def test_ignore_keeps_a_norm():
+    model = tiny_hf_model("llama", layers=1)
+    qfuse.quantize_model(model, "W8A16", ignore=("lm_head", "model.norm"), progress=False)
+    assert type(model.model.norm).__name__ == "LlamaRMSNorm"
+    assert isinstance(model.model.layers[0].input_layernorm, qfuse.RMSNorm)
+
+
+@pytest.mark.parametrize("second", ["W8A8", "W4A16"])
+def test_second_call_raises_naming_the_schemes(second):
+    model = qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", progress=False)
+    types, state = _module_types(model), copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"already quantized \(7 W4A16 QuantLinear layer\(s\)\).*start again from the float model"):
+        qfuse.quantize_model(model, second, ignore=(), progress=False)
+    _assert_unchanged(model, types, state)
+
+
+def test_mixed_schemes_through_submodules():
+    model = tiny_hf_model("llama", layers=2)
+    qfuse.quantize_model(model, "W4A16", ignore=("lm_head", "model.layers.1.*"), progress=False)
+    qfuse.quantize_model(model.model.layers[1], "W8A8", progress=False)  # what the error above suggests
+    assert model.model.layers[1].mlp.down_proj.scheme.name == "W8A8"
+    with pytest.raises(ValueError, match=r"\(7 W4A16, 7 W8A8 QuantLinear"):
+        qfuse.quantize_model(model, "W8A16", progress=False)
+
+
+def test_bare_linear_returns_a_quantlinear():
+    linear = nn.Linear(256, 64).bfloat16()
+    x = torch.randn(3, 256).bfloat16()
+    q = qfuse.quantize_model(linear, "W4A16", progress=False)
+    assert isinstance(q, qfuse.QuantLinear) and q.scheme.name == "W4A16"
+    assert type(linear) is nn.Linear  # a module cannot replace itself: the return value is the result
+    with torch.no_grad():
+        assert rel_err(q(x), linear(x)) < 0.2
+
+
+def test_fp32_norms_rejected_up_front():
+    model = nn.Sequential(nn.RMSNorm(128), nn.Linear(128, 128))
+    types, state = _module_types(model), copy.deepcopy(model.state_dict())
+    with pytest.raises(TypeError, match=r"cannot quantize 2 layer\(s\).*\n  1: weight dtype torch.float32.*\n  0: RMSNorm weight dtype torch.float32"):
+        qfuse.quantize_model(model, "W8A16", progress=False)
+    _assert_unchanged(model, types, state)
+    # bf16 Linears, a norm kept in float32: only the norm is named, and ignore keeps it as it is
+    model[1].bfloat16()
+    with pytest.raises(TypeError, match=r"cannot quantize 1 layer\(s\) with W8A16 .*\n  0: RMSNorm weight dtype torch.float32"):
+        qfuse.quantize_model(model, "W8A16", progress=False)
+    qfuse.quantize_model(model, "W8A16", ignore="0", progress=False)
+    assert type(model[0]) is nn.RMSNorm and isinstance(model[1], qfuse.QuantLinear)
+
+
+def test_nothing_to_quantize_raises():
+    model = nn.Sequential(nn.RMSNorm(128), nn.Linear(128, 128))
+    types, state = _module_types(model), copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"nothing to quantize \(model left unchanged\): all 1 nn.Linear layer\(s\) are matched by ignore=\('1',\)"):
+        qfuse.quantize_model(model, "W8A16", ignore="1", progress=False)
+    _assert_unchanged(model, types, state)
+    with pytest.raises(ValueError, match="nothing to quantize.*: Sequential contains no nn.Linear"):
+        qfuse.quantize_model(nn.Sequential(nn.RMSNorm(128)).bfloat16(), "W8A16", progress=False)
+
+
+def _copy_non_persistent_buffers(dst, src):
+    # Not in a state_dict (rotary inv_freq): a meta-built model recomputes them on a real
+    # device, as accelerate's init_empty_weights keeps buffers off the meta device.
+    persistent = dst.state_dict().keys()
+    for name, buf in src.named_buffers():
+        if name not in persistent:
+            parent, _, leaf = name.rpartition(".")
+            setattr(dst.get_submodule(parent), leaf, buf.clone())
+
+
+@pytest.mark.parametrize("scheme", list(qfuse.SCHEMES))
+def test_meta_skeleton_matches_real_and_loads_state_dict(scheme):
+    real = qfuse.quantize_model(tiny_hf_model("llama", layers=1), scheme, progress=False)
+    with torch.device("meta"):
+        skeleton = tiny_hf_model("llama", layers=1)
+    skeleton = qfuse.quantize_model(skeleton, scheme, progress=False)
+    layout = lambda m: [(n, tuple(b.shape), b.dtype) for n, b in m.named_buffers()]  # noqa: E731
+    assert layout(skeleton) == layout(real)
+    quant_bufs = [b for m in skeleton.modules() if isinstance(m, qfuse.QuantLinear) for b in m.buffers()]
+    assert quant_bufs and all(b.is_meta for b in quant_bufs)
+    skeleton.load_state_dict(real.state_dict(), assign=True)
+    _copy_non_persistent_buffers(skeleton, real)
+    assert not any(t.is_meta for t in [*skeleton.parameters(), *skeleton.buffers()])
+    ids = torch.randint(0, 256, (2, 8))
+    with torch.inference_mode():
+        assert torch.equal(skeleton(ids, use_cache=False).logits, real(ids, use_cache=False).logits)
+
+
+def test_error_half_way_leaves_model_unchanged(monkeypatch):
+    model = tiny_hf_model("llama", layers=1)
+    types, state = _module_types(model), copy.deepcopy(model.state_dict())
+    real_from_linear = qfuse.QuantLinear.from_linear
+    calls = []
+
+    def fail_on_third(linear, scheme):
+        calls.append(linear)
+        if len(calls) == 3:
+            raise RuntimeError("out of memory (simulated)")
+        return real_from_linear(linear, scheme)
+
+    monkeypatch.setattr(qfuse.QuantLinear, "from_linear", staticmethod(fail_on_third))
+    with pytest.raises(RuntimeError, match="simulated"):
+        qfuse.quantize_model(model, "W8A8", progress=False)
+    assert len(calls) == 3
+    _assert_unchanged(model, types, state)
+
+
+def test_nan_or_inf_weight_named():
+    model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256), nn.Linear(256, 8)).bfloat16()
+    with torch.no_grad():
+        model[1].weight[3, 5] = float("nan")
+        model[2].weight[0, :2] = float("inf")
+    types, state = _module_types(model), copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"cannot quantize 2 layer\(s\) with W4A8_G128.*\n  1: weight has 1 NaN/inf value\(s\).*\n  2: weight has 2 NaN/inf"):
+        qfuse.quantize_model(model, "W4A8_G128", progress=False)
+    _assert_unchanged(model, types, state)

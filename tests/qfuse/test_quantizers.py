@@ -81,3 +81,36 @@ def test_w4a8_error_bound_and_int8_products(group_size):
         assert gs.min() >= 1 and gs.max() <= 16
         per_channel = dequantize_w4a8(**{k: v for k, v in quantize_w4a8(w, -1).items()}, group_size=-1)
         assert (w_hat - w).norm() < 0.8 * (per_channel - w).norm(), "groups must beat one scale per row here"
+
+
+QUANTIZERS = {
+    "wna16_w8": lambda w: quantize_wna16(w, 8, -1, True, w.dtype),
+    "wna16_w4_sym": lambda w: quantize_wna16(w, 4, 128, True, w.dtype),
+    "wna16_w4_asym": lambda w: quantize_wna16(w, 4, 64, False, w.dtype),
+    "w8a8": quantize_w8a8,
+    "w4a8": lambda w: quantize_w4a8(w, -1),
+    "w4a8_g128": lambda w: quantize_w4a8(w, 128),
+}
+
+
+@pytest.mark.parametrize("quantizer", list(QUANTIZERS))
+def test_meta_weight_gives_the_real_shapes_and_dtypes(quantizer):
+    quantize = QUANTIZERS[quantizer]
+    w = torch.randn(48, 256).bfloat16()
+    real, meta = quantize(w), quantize(w.to("meta"))
+    assert real.keys() == meta.keys()
+    for name, t in real.items():
+        if t is None:
+            assert meta[name] is None
+        else:
+            m = meta[name]
+            assert m.is_meta and (m.shape, m.dtype) == (t.shape, t.dtype), name
+
+
+@pytest.mark.parametrize("quantizer", list(QUANTIZERS))
+def test_nan_or_inf_weight_rejected(quantizer):
+    w = torch.randn(16, 256)
+    w[2, 7] = float("nan")
+    w[5, 0] = float("-inf")
+    with pytest.raises(ValueError, match=r"weight has 2 NaN/inf value\(s\) of 4096"):
+        QUANTIZERS[quantizer](w)
