@@ -20,10 +20,24 @@ class QuantLinear(nn.Module):
     Weight-only schemes call ``qfuse::wna16_gemm``. int8-activation schemes call
     ``qfuse::quant_per_token_int8`` then ``qfuse::w8a8_gemm`` / ``qfuse::w4a8_gemm`` as two
     ops, so the fusion passes can merge the quantization into the op that produced x.
+    A static-activation scheme (``scheme.static_act``, from a compressed-tensors checkpoint)
+    quantizes with its calibrated ``input_scale`` through ``qfuse::quant_per_tensor_int8``.
     Inputs may have any leading shape ``[..., in_features]``.
+
+    ``act_perm`` (optional, int64 ``[in_features]``): the weight's input channels are stored
+    sorted by scale group (a GPTQ act-order checkpoint, whose ``g_idx`` is not monotonic), so
+    each call gathers ``x[..., act_perm]`` first; the weight itself is never repacked per call.
     """
 
-    def __init__(self, in_features: int, out_features: int, scheme: Scheme | str, tensors: dict[str, Tensor | None], bias: Tensor | None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        scheme: Scheme | str,
+        tensors: dict[str, Tensor | None],
+        bias: Tensor | None,
+        act_perm: Tensor | None = None,
+    ):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
@@ -31,11 +45,14 @@ class QuantLinear(nn.Module):
         for name, t in tensors.items():
             self.register_buffer(name, t)
         self.register_buffer("bias", bias)
+        self.register_buffer("act_perm", act_perm)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scheme: Scheme | str) -> "QuantLinear":
         """Quantize ``linear`` (fp16/bf16 weight) with ``scheme``; the result lives on the same device."""
         scheme = get_scheme(scheme)
+        if scheme.static_act:
+            raise ValueError(f"{scheme.name}: static activation scales come from calibration or a checkpoint, not from the weight")
         w = linear.weight.detach()
         check_quantizable(w, scheme, "linear")
         n, k = w.shape
@@ -51,13 +68,19 @@ class QuantLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self.act_perm is not None:
+            x2 = x2.index_select(1, self.act_perm)
         s = self.scheme
         bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
         if s.weight_only:
             scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
             out = torch.ops.qfuse.wna16_gemm(x2, self.qweight, scales, self.zeros, bias, s.weight_bits, s.group_size)
         else:
-            xq, x_scale = torch.ops.qfuse.quant_per_token_int8(x2)
+            if s.static_act:
+                x_scale = self.input_scale.float()
+                xq = torch.ops.qfuse.quant_per_tensor_int8(x2, x_scale)
+            else:
+                xq, x_scale = torch.ops.qfuse.quant_per_token_int8(x2)
             # .float(): Module.to(dtype) also converts float buffers; the ops take float32 scales.
             w_scale = self.w_scale.float()
             if s.weight_bits == 8:
@@ -71,17 +94,22 @@ class QuantLinear(nn.Module):
 
         Weight-only schemes: in the scales' dtype (the kernel's tensor-core operand).
         int8-activation schemes: float32 ``w_scale * w_int`` (activations are quantized too).
+        Input channels are in the model's order (``act_perm`` undone).
         """
         s = self.scheme
         if s.weight_only:
-            return dequantize_wna16(self.qweight, self.scales, self.zeros, s.weight_bits, s.group_size).to(self.scales.dtype)
-        if s.weight_bits == 8:
-            return self.wq.float() * self.w_scale.float().reshape(-1, 1)
-        return dequantize_w4a8(self.qweight, self.w_scale.float(), self.group_scale, s.group_size)
+            w = dequantize_wna16(self.qweight, self.scales, self.zeros, s.weight_bits, s.group_size).to(self.scales.dtype)
+        elif s.weight_bits == 8:
+            w = self.wq.float() * self.w_scale.float().reshape(-1, 1)
+        else:
+            w = dequantize_w4a8(self.qweight, self.w_scale.float(), self.group_scale, s.group_size)
+        if self.act_perm is not None:
+            w = torch.empty_like(w).index_copy_(1, self.act_perm, w)
+        return w
 
     def weight_bytes(self) -> int:
         """Bytes of every quantized-weight buffer (codes, scales, zero points; not the bias)."""
-        return sum(b.numel() * b.element_size() for name, b in self.named_buffers() if b is not None and name != "bias")
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers() if name != "bias")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}, bias={self.bias is not None}"

@@ -13,6 +13,8 @@ class Scheme:
     act_bits      16: weight-only (activations stay fp16/bf16); 8: dynamic per-token int8 activations
     group_size    -1 = one scale per output channel, else the number of input features sharing a scale
     symmetric     False: integer zero points per group (AWQ style); weight-only schemes only
+    static_act    True: int8 activations use one calibrated per-tensor scale (``input_scale``)
+                  instead of a dynamic per-token scale (compressed-tensors static W8A8)
     """
 
     name: str
@@ -21,6 +23,7 @@ class Scheme:
     group_size: int = -1
     symmetric: bool = True
     description: str = ""
+    static_act: bool = False
 
     def __post_init__(self):
         if self.weight_bits not in (4, 8):
@@ -35,6 +38,8 @@ class Scheme:
             allowed = (-1,) if self.weight_bits == 8 else (-1, 128)
             if self.group_size not in allowed:
                 raise ValueError(f"Scheme {self.name}: group_size must be one of {allowed}, got {self.group_size}")
+        elif self.static_act:
+            raise ValueError(f"Scheme {self.name}: static_act needs int8 activations (act_bits=8)")
 
     @property
     def weight_only(self) -> bool:
@@ -56,6 +61,20 @@ W4A8 = Scheme("W4A8", 4, 8, -1, True, "int4 weights per-channel x int8 activatio
 W4A8_G128 = Scheme("W4A8_G128", 4, 8, 128, True, "int4 weights group 128 (integer 2nd-level scale) x int8 per-token")
 
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (W8A16, W4A16, W4A16_ASYM, W8A8, W4A8, W4A8_G128)}
+
+
+def make_scheme(weight_bits: int, act_bits: int, group_size: int = -1, symmetric: bool = True, static_act: bool = False) -> Scheme:
+    """The scheme with these fields: a preset of :data:`SCHEMES` when one matches, else a
+    scheme named after its fields (``W4A16_G64_ASYM``, ``W4A16_CH``, ``W8A8_CH_STATIC``), as
+    checkpoints in other formats need. Raises ``ValueError`` for a combination no op runs."""
+    for preset in SCHEMES.values():
+        if (preset.weight_bits, preset.act_bits, preset.group_size, preset.symmetric, preset.static_act) == (
+            weight_bits, act_bits, group_size, symmetric, static_act
+        ):
+            return preset
+    name = f"W{weight_bits}A{act_bits}" + ("_CH" if group_size == -1 else f"_G{group_size}")
+    name += ("" if symmetric else "_ASYM") + ("_STATIC" if static_act else "")
+    return Scheme(name, weight_bits, act_bits, group_size, symmetric, "from a checkpoint", static_act)
 
 
 def get_scheme(scheme: str | Scheme) -> Scheme:

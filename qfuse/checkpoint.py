@@ -1,0 +1,255 @@
+"""Quantized checkpoints in and out.
+
+    model = qfuse.from_pretrained("Llama-3-8B-AWQ")        # AutoAWQ / GPTQ / compressed-tensors
+    qfuse.load_quantized("Llama-3-8B-GPTQ", model)          # into a model built elsewhere
+    qfuse.save_quantized(model, "out/")                     # compressed-tensors, for vLLM / SGLang
+
+Loading never materializes a float weight of a quantized layer: ``from_pretrained`` builds
+the Hugging Face model with its parameters on the meta device and fills it tensor by tensor,
+each quantized layer straight into the qfuse layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .formats import CheckpointError, open_checkpoint, quantization_config
+from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, NAME as CT_NAME, layer_to_ct
+from .formats.files import write_safetensors
+from .linear import QuantLinear
+from .norm import RMSNorm, is_convertible_rmsnorm
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _model_dtype(config: dict, dtype: torch.dtype | str | None) -> torch.dtype:
+    """The activation dtype: ``dtype`` if given, else the config's when it is fp16/bf16, else fp16
+    (AutoAWQ and GPTQ scales are fp16, so their weights stay bit-exact)."""
+    if isinstance(dtype, str):
+        dtype = _DTYPES.get(dtype.removeprefix("torch."))
+        if dtype is None:
+            raise ValueError(f"dtype must be float16 or bfloat16, got {dtype!r}")
+    if dtype is not None:
+        if dtype not in _DTYPES.values():
+            raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        return dtype
+    named = config.get("torch_dtype") or config.get("dtype")
+    return _DTYPES.get(str(named).removeprefix("torch."), torch.float16)
+
+
+def _set_tensor(model: nn.Module, name: str, value: Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    if leaf in module._parameters:
+        module._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    else:
+        module._buffers[leaf] = value
+
+
+def load_quantized(
+    path: str | Path,
+    model: nn.Module | None = None,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> nn.Module:
+    """Load the quantized checkpoint at ``path`` (AutoAWQ GEMM, GPTQ v1/v2, compressed-tensors;
+    detected from ``config.json`` / ``quantize_config.json``) into ``model`` and return it.
+
+    ``model`` is the float architecture, with parameters real or on the meta device; each
+    quantized layer in the checkpoint replaces the ``nn.Linear`` of that name by a
+    :class:`qfuse.QuantLinear`, every other tensor is assigned by name (cast to ``dtype`` if
+    floating point), and RMSNorms become :class:`qfuse.RMSNorm`. ``model=None`` builds the
+    Hugging Face model from ``config.json`` (see :func:`from_pretrained`).
+
+    Raises :class:`qfuse.CheckpointError` (a ``ValueError``) naming the file and tensor for a
+    missing or malformed tensor, a config the tensors contradict, a layer the model lacks, or a
+    model parameter the checkpoint lacks; all quantized layers are built before any is swapped in.
+    """
+    if model is None:
+        return from_pretrained(path, dtype=dtype, device=device, progress=progress)
+    path = Path(path)
+    reader = open_checkpoint(path)
+    config, _ = quantization_config(path)
+    dtype = _model_dtype(config, dtype)
+    specs = reader.layers()
+    for prefix, spec in specs.items():
+        try:
+            target = model.get_submodule(prefix)
+        except AttributeError:
+            raise CheckpointError(f"{path}: quantized layer {prefix} has no module of that name in the model") from None
+        shape = (target.out_features, target.in_features) if isinstance(target, (nn.Linear, QuantLinear)) else None
+        if shape != (spec.out_features, spec.in_features):
+            raise CheckpointError(f"{path}: quantized layer {prefix} is [{spec.out_features}, {spec.in_features}], "
+                                  f"the model's {type(target).__name__} there is {list(shape) if shape else 'not a linear layer'}")
+    built = {}
+    for prefix, spec in tqdm(specs.items(), desc=f"qfuse load ({reader.name})", unit="layer", disable=not progress):
+        built[prefix] = reader.build(spec, dtype).to(device)
+    consumed = {t for spec in specs.values() for t in spec.tensors}
+    targets = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(model.named_buffers(remove_duplicate=False))
+    quantized = tuple(f"{p}." for p in specs)
+    plain = {}
+    for name in reader.files.names():
+        if name in consumed:
+            continue
+        if name not in targets or name.startswith(quantized):
+            raise CheckpointError(f"{reader.files.file_of[name]}: tensor {name!r} belongs to no parameter or buffer of the model")
+        want = targets[name]
+        t = reader.files.get(name)
+        if tuple(t.shape) != tuple(want.shape):
+            raise CheckpointError(f"{reader.files.file_of[name]}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(want.shape)}")
+        plain[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    for prefix, layer in built.items():
+        parent, _, child = prefix.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, layer)
+    for name, t in plain.items():
+        _set_tensor(model, name, t)
+    _tie_and_check(model, path)
+    for name, mod in list(model.named_modules()):
+        if is_convertible_rmsnorm(mod):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, RMSNorm.from_module(mod))
+    return model.eval()
+
+
+def _tie_and_check(model: nn.Module, path: Path) -> None:
+    """Re-tie tied embeddings, then fail on any parameter or persistent buffer still on meta."""
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    missing = [n for n, t in model.state_dict(keep_vars=True).items() if t is not None and t.is_meta]
+    if missing:
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise CheckpointError(f"{path}: the checkpoint has no tensor for {', '.join(missing[:10])}{more}")
+
+
+@contextlib.contextmanager
+def _skeleton() -> Iterator[None]:
+    """Build modules with parameters *and* buffers on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        yield
+
+
+def _rebuild_meta_buffers(model: nn.Module, config) -> None:
+    """Non-persistent buffers (rotary ``inv_freq``) are computed, not stored: rebuild each
+    module that holds one from the config, on the CPU."""
+    for name, module in model.named_modules():
+        meta = [b for b, t in module._buffers.items() if t is not None and t.is_meta and b in module._non_persistent_buffers_set]
+        if not meta:
+            continue
+        try:
+            fresh = type(module)(config=config)
+        except Exception as e:
+            raise CheckpointError(f"cannot rebuild the computed buffers {meta} of {name} ({type(module).__name__}): {e}") from None
+        for b in meta:
+            module._buffers[b] = fresh._buffers[b]
+        for attr, value in vars(fresh).items():  # e.g. attention_scaling, computed with inv_freq
+            if not attr.startswith("_") and not isinstance(value, (Tensor, nn.Module)):
+                setattr(module, attr, value)
+
+
+def from_pretrained(
+    path: str | Path,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> nn.Module:
+    """Build the Hugging Face causal LM described by ``path/config.json`` and load the quantized
+    checkpoint into it (see :func:`load_quantized`). Float weights of quantized layers are never
+    materialized: the model is built on the meta device, so peak host memory is about the
+    checkpoint's size. Nothing is downloaded; ``path`` is a local directory."""
+    import transformers
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json to build the model from (pass a model to load_quantized instead)")
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the layers are qfuse's; transformers must not quantize anything
+    with _skeleton():
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    _rebuild_meta_buffers(model, config)
+    return load_quantized(path, model, dtype=dtype, device=device, progress=progress)
+
+
+def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | str = "5GB", progress: bool = True) -> Path:
+    """Save a qfuse-quantized model as a compressed-tensors checkpoint (safetensors, sharded past
+    ``max_shard_size``, with ``model.safetensors.index.json``) plus ``config.json``, so vLLM and
+    SGLang load it and shard it for tensor parallelism; :func:`from_pretrained` reloads it with
+    identical logits.
+
+    Weight-only layers are written ``pack-quantized``; W8A8 and W4A8 (per-channel) layers
+    ``int-quantized`` with dynamic per-token (or static per-tensor) int8 activations. W4A8_G128
+    layers, whose integer group scale the format cannot express, are written as int-quantized
+    W8A8 layers holding the exact int8 product and listed under ``qfuse_extension`` in
+    config.json (engines run the same math; qfuse reloads them 4-bit).
+    """
+    path = Path(path)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    if not layers:
+        raise ValueError("save_quantized: the model has no qfuse.QuantLinear layers; quantize it first (qfuse.quantize_model)")
+    tensors: dict[str, Tensor] = {}
+    groups: dict[str, dict] = {}
+    extension = []
+    for name, layer in tqdm(layers.items(), desc="qfuse save", unit="layer", disable=not progress):
+        entry, local, ext = layer_to_ct(layer)
+        key = json.dumps(entry, sort_keys=True)
+        groups.setdefault(key, {**entry, "targets": []})["targets"].append(name)
+        tensors.update({f"{name}.{k}": v for k, v in local.items()})
+        if layer.bias is not None:
+            tensors[f"{name}.bias"] = layer.bias
+        if ext:
+            extension.append(name)
+    prefixes = tuple(f"{n}." for n in layers)
+    seen = set()
+    for name, t in model.state_dict().items():
+        if name.startswith(prefixes):
+            continue
+        key = (t.data_ptr(), t.shape, t.dtype)
+        if t.numel() and key in seen:  # tied weights (lm_head = embed_tokens): stored once, re-tied on load
+            continue
+        seen.add(key)
+        tensors[name] = t
+    float_linears = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+    config_groups = {}
+    for i, g in enumerate(groups.values()):
+        if len(groups) == 1:
+            g["targets"] = ["Linear"]  # every Linear not in ignore (the float ones are all listed there)
+        config_groups[f"group_{i}"] = g
+    formats = {g["format"] for g in config_groups.values()}
+    qc = {
+        "quant_method": CT_NAME,
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "quantization_status": "compressed",
+        "config_groups": config_groups,
+        "ignore": float_linears,
+        "kv_cache_scheme": None,
+        "global_compression_ratio": None,
+        "sparsity_config": {},
+        "transform_config": {},
+    }
+    config = model.config.to_dict() if hasattr(model, "config") and hasattr(model.config, "to_dict") else {}
+    config.pop(EXTENSION_KEY, None)
+    act_dtype = next((t.dtype for t in model.parameters() if t.dtype in _DTYPES.values()), None)
+    if act_dtype is not None:  # Module.to(dtype) does not update config.dtype; readers take the dtype from here
+        config["dtype"] = config["torch_dtype"] = str(act_dtype).removeprefix("torch.")
+    config["quantization_config"] = qc
+    if extension:
+        config[EXTENSION_KEY] = {
+            "name": EXTENSION_NAME, "version": 1, "layers": extension,
+            "about": "int-quantized int8 weights that are int4 codes times an integer group scale in [1, 16] per "
+                     "128 inputs; qfuse reloads these layers as W4A8_G128, other engines run them as W8A8 (same math)",
+        }
+    write_safetensors(tensors, path, max_shard_size)
+    with open(path / "config.json", "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True, default=str)
+    return path

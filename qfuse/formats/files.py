@@ -1,0 +1,165 @@
+"""Reading and writing a checkpoint directory: ``config.json`` plus safetensors files
+(one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``).
+
+Every problem is a :class:`CheckpointError` naming the file and, where there is one, the
+tensor: a missing tensor, a wrong shape or dtype, a truncated or unreadable file.
+Tensors are read one at a time (``safe_open``), so nothing but the tensor asked for is
+materialized.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupt, or disagrees with its own config."""
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+class CheckpointFiles:
+    """The tensors of a checkpoint directory, by name."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path}: not a directory")
+        self.file_of: dict[str, Path] = {}
+        self._meta: dict[str, tuple[str, list[int]]] = {}
+        index = self.path / INDEX_NAME
+        if index.is_file():
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index}: no 'weight_map'")
+            files = sorted(set(weight_map.values()))
+        elif (self.path / SINGLE_NAME).is_file():
+            files = [SINGLE_NAME]
+        else:
+            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+            if not files:
+                raise CheckpointError(f"{self.path}: no safetensors files (and no {INDEX_NAME})")
+        for name in files:
+            self._scan(self.path / name)
+        if index.is_file():
+            for tensor, name in weight_map.items():
+                if tensor not in self.file_of:
+                    raise CheckpointError(f"{index}: tensor {tensor!r} is listed in {name} but not stored there")
+
+    def _scan(self, file: Path) -> None:
+        """Read the header of ``file`` and check that its data is all there."""
+        if not file.is_file():
+            raise CheckpointError(f"{file}: listed in the index but missing")
+        size = file.stat().st_size
+        try:
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if size < 8 or n > size - 8:
+                    raise ValueError(f"header of {n} bytes in a {size}-byte file")
+                header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+        header.pop("__metadata__", None)
+        end = max((info["data_offsets"][1] for info in header.values()), default=0)
+        if 8 + n + end > size:
+            raise CheckpointError(f"{file}: truncated ({size} bytes, its header needs {8 + n + end})")
+        for tensor, info in header.items():
+            if tensor in self.file_of:
+                raise CheckpointError(f"{file}: tensor {tensor!r} is also stored in {self.file_of[tensor].name}")
+            self.file_of[tensor] = file
+            self._meta[tensor] = (info["dtype"], info["shape"])
+
+    def names(self) -> list[str]:
+        return list(self.file_of)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        self._require(name)
+        return tuple(self._meta[name][1])
+
+    def _require(self, name: str) -> None:
+        if name not in self.file_of:
+            raise CheckpointError(f"{self.path}: tensor {name!r} is missing")
+
+    def get(self, name: str, dtypes: Iterable[torch.dtype] | None = None, shape: tuple | None = None) -> Tensor:
+        """Load one tensor, checking its dtype (one of ``dtypes``) and ``shape`` (``None`` entries match anything)."""
+        from safetensors import safe_open
+
+        self._require(name)
+        file = self.file_of[name]
+        try:
+            with safe_open(file, framework="pt") as f:
+                t = f.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types for corrupt data
+            raise CheckpointError(f"{file}: cannot read tensor {name!r} ({e})") from None
+        dtypes = tuple(dtypes) if dtypes is not None else None
+        if dtypes is not None and t.dtype not in dtypes:
+            want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise CheckpointError(f"{file}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}, expected {want}")
+        if shape is not None and (t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape))):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise CheckpointError(f"{file}: tensor {name!r} has shape {list(t.shape)}, expected {want}")
+        return t
+
+
+def parse_size(size: int | str) -> int:
+    """``"5GB"`` / ``"500MB"`` / an int of bytes -> bytes."""
+    if isinstance(size, int):
+        return size
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    s = size.strip().upper()
+    for unit, mult in sorted(units.items(), key=lambda u: -len(u[0])):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * mult)
+    return int(s)
+
+
+def write_safetensors(tensors: dict[str, Tensor], path: Path, max_shard_size: int | str = "5GB") -> list[Path]:
+    """Write ``tensors`` (in order) into ``path`` as one file or as shards plus an index."""
+    from safetensors.torch import save_file
+
+    limit = parse_size(max_shard_size)
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.detach().to("cpu").contiguous()
+        size += nbytes
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in [*path.glob("*.safetensors"), path / INDEX_NAME]:
+        stale.unlink(missing_ok=True)  # an older checkpoint's shards would be read too
+    if len(shards) == 1:
+        files = [path / SINGLE_NAME]
+        save_file(shards[0], files[0], metadata={"format": "pt"})
+        return files
+    files = [path / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {}
+    for shard, file in zip(shards, files):
+        save_file(shard, file, metadata={"format": "pt"})
+        weight_map.update({name: file.name for name in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(path / INDEX_NAME, "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return files
