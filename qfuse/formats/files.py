@@ -10,6 +10,7 @@ materialized.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
 
 
 class CheckpointError(ValueError):
@@ -95,6 +97,12 @@ class CheckpointFiles:
     def shape(self, name: str) -> tuple[int, ...]:
         self._require(name)
         return tuple(self._meta[name][1])
+
+    def nbytes(self, name: str) -> int:
+        """Bytes of one stored tensor, from the header alone."""
+        self._require(name)
+        dtype, shape = self._meta[name]
+        return _DTYPE_BYTES.get(dtype, 1) * math.prod(shape)
 
     def _require(self, name: str) -> None:
         if name not in self.file_of:

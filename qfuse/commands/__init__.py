@@ -1,0 +1,1 @@
+"""The ``qfuse quantize`` / ``eval`` / ``info`` subcommands (one module each)."""

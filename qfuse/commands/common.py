@@ -1,0 +1,61 @@
+"""What the checkpoint subcommands share: reading a model directory, counting weight bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..linear import QuantLinear
+
+# Files a tokenizer (and generation defaults) may live in; copied beside a quantized checkpoint.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+    "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja",
+)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes of quantizable linear weights, bytes of every other parameter and buffer)."""
+    linear = 0
+    counted = set()
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            linear += m.weight_bytes()
+            counted.update(id(b) for n, b in m.named_buffers() if n != "bias")
+        elif isinstance(m, nn.Linear):
+            linear += m.weight.numel() * m.weight.element_size()
+            counted.add(id(m.weight))
+    other = sum(t.numel() * t.element_size() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+                if id(t) not in counted)
+    return linear, other
+
+
+def is_quantized_dir(path: Path) -> bool:
+    from ..formats import SIDE_CONFIGS, read_json
+
+    config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+    return "quantization_config" in config or any((path / n).is_file() for n in SIDE_CONFIGS)
+
+
+def load_any(path: Path, dtype: torch.dtype | None, device: str, progress: bool = True) -> nn.Module:
+    """A quantized checkpoint through qfuse, or a float Hugging Face model directory."""
+    import transformers
+
+    from ..checkpoint import from_pretrained
+
+    if not path.is_dir():
+        raise SystemExit(f"qfuse: {path} is not a directory")
+    if is_quantized_dir(path):
+        return from_pretrained(path, dtype=dtype, device=device, progress=progress)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", local_files_only=True)
+    return model.to(device).eval()
