@@ -9,6 +9,8 @@ bit pattern and masked, so the sign of the stored int32 does not matter.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor
 
@@ -30,6 +32,13 @@ def unpack_int32(words: Tensor, bits: int, dim: int = -1) -> Tensor:
         raise TypeError(f"packed words must be int32, got {words.dtype}")
     pf = _codes_per_word(bits)
     w = words.movedim(dim, -1)
+    if bits in (4, 8) and sys.byteorder == "little":
+        # The words' bytes in memory order are codes (8-bit) or code pairs (4-bit) in element
+        # order: unpacking through them keeps the temporaries at one byte per code, against
+        # four for the int32 shifts below (470 MB for a 28672 x 4096 layer).
+        b = w.contiguous().view(torch.uint8)
+        codes = b if bits == 8 else torch.stack((b & 15, b >> 4), dim=-1).reshape(*b.shape[:-1], -1)
+        return codes.movedim(-1, dim).contiguous()
     shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=w.device)
     codes = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
     codes = codes.reshape(*w.shape[:-1], w.shape[-1] * pf).to(torch.uint8)
