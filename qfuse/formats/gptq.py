@@ -15,7 +15,8 @@ wrote ``z - 1`` masked per nibble, so a per-word add would carry into the next n
 A ``g_idx`` that is not ``k // G`` (``desc_act``) is applied once at load: the input channels
 are sorted by group and the layer gathers its activations through ``act_perm``.
 GPTQModel's ``dynamic`` overrides (``"-:regex"`` = left in floating point, ``"+:regex"`` or a
-bare regex = other bits / group_size for matching layers) are honoured.
+bare regex = other bits / group_size for matching layers; the first matching rule decides)
+are honoured.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from .files import CheckpointError, CheckpointFiles
 from .packing import unpack_int32
 
 NAME = "gptq"
+# Per-layer quantization args (with their defaults) that a ``dynamic`` override may change.
+LAYER_ARGS = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 
 
 def is_gptq(qc: dict) -> bool:
@@ -60,17 +63,23 @@ class GptqCheckpoint:
         self.name = self.format
         self.dynamic = qc.get("dynamic") or {}
 
-    def _args(self, prefix: str) -> tuple[int, int]:
-        """(bits, group_size) of one layer: the config's, or a matching ``dynamic`` override."""
-        bits, group = int(self.qc.get("bits", 4)), int(self.qc.get("group_size", 128))
+    def _args(self, prefix: str) -> dict:
+        """The quantization args of one layer: the config's, updated by its ``dynamic`` override.
+
+        As GPTQModel (``dynamic_get``) and vLLM (``get_dynamic_override``) read ``dynamic``, the
+        *first* pattern that ``re.match``es the layer decides, so a specific rule listed before a
+        catch-all wins over it; a ``"-:"`` rule that decides means "left in floating point"."""
+        args = {key: self.qc.get(key, default) for key, default in LAYER_ARGS.items()}
         for pattern, override in self.dynamic.items():
             negative = pattern.startswith("-:")
             regex = pattern[2:] if pattern[:2] in ("-:", "+:") else pattern
-            if re.match(regex, prefix):
-                if negative:
-                    raise CheckpointError(f"{self.files.path}: layer {prefix} has a qweight but the config's dynamic {pattern!r} leaves it unquantized")
-                bits, group = int(override.get("bits", bits)), int(override.get("group_size", group))
-        return bits, group
+            if not re.match(regex, prefix):
+                continue
+            if negative:
+                raise CheckpointError(f"{self.files.path}: layer {prefix} has a qweight but the config's dynamic {pattern!r} leaves it unquantized")
+            args.update({key: override[key] for key in args if key in override})
+            break
+        return args
 
     def layers(self) -> dict[str, LayerSpec]:
         specs = {}
@@ -78,19 +87,19 @@ class GptqCheckpoint:
             if not name.endswith(".qweight"):
                 continue
             prefix = name.removesuffix(".qweight")
-            bits, group = self._args(prefix)
+            args = self._args(prefix)
+            bits, group = int(args["bits"]), int(args["group_size"])
             where = f"{self.files.path}: layer {prefix}"
             if bits not in (4, 8):
                 raise CheckpointError(f"{where}: {bits}-bit GPTQ is not supported (qfuse runs 4- and 8-bit weights)")
             rows, n = self.files.shape(name)
             k = rows * 32 // bits
             try:
-                scheme = make_scheme(bits, 16, -1 if group in (-1, k) else group, symmetric=bool(self.qc.get("sym", True)))
+                scheme = make_scheme(bits, 16, -1 if group in (-1, k) else group, symmetric=bool(args["sym"]))
             except ValueError as e:
                 raise CheckpointError(f"{where}: {e}") from None
             tensors = [name] + [f"{prefix}.{t}" for t in ("qzeros", "scales", "g_idx", "bias") if f"{prefix}.{t}" in self.files]
-            act_order = bool(self.qc.get("desc_act", False))
-            specs[prefix] = LayerSpec(prefix, scheme, n, k, act_order=act_order, tensors=tensors)
+            specs[prefix] = LayerSpec(prefix, scheme, n, k, act_order=bool(args["desc_act"]), tensors=tensors)
         return specs
 
     def build(self, spec: LayerSpec, dtype: torch.dtype) -> QuantLinear:
