@@ -9,8 +9,11 @@ signed zero points ``zp``; ``W[n, k] = (q[n, k] - zp[n, g(k)]) * weight_scale[n,
   stored as ``q + 2**(b-1)``, element k in word k // pf (pf = 32 / b), bits b*(k % pf);
   ``weight_shape`` ``[N, K]``; ``weight_zero_point`` (asymmetric only) int32
   ``[ceil(N b / 32), groups]``, the same ``+ 2**(b-1)`` codes packed along N (before
-  compressed-tensors 0.9.4: unpacked int8 ``[N, groups]``, also read); ``weight_g_idx``
-  ``[K]`` with ``actorder: group``.
+  compressed-tensors 0.9.4: unpacked int8 ``[N, groups]``, also read; a per-tensor zero
+  point is never packed: int8 ``[1]``); ``weight_g_idx`` ``[K]`` with ``actorder: group``
+  (GPTQ act-order; compressed-tensors 0.20 removed it: its ``QuantizationArgs`` refuses
+  ``actorder: group``, so act-order layers, read or written, need an older release or an
+  engine that reads ``weight_g_idx`` itself).
 * ``int-quantized`` / ``naive-quantized``: ``weight`` int8 ``[N, K]`` holding ``q``; with int8
   activations, ``input_scale`` ``[1]`` for static per-tensor activation scales.
 * ``weight_scale``: ``[N, groups]`` (group), ``[N, 1]`` (channel) or ``[1]`` (tensor).
@@ -45,7 +48,8 @@ NAME = "compressed-tensors"
 EXTENSION_KEY = "qfuse_extension"
 EXTENSION_NAME = "qfuse.w4a8_integer_group_scale"
 W4A8_G128 = "W4A8_G128"
-_LAYER_TENSORS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx", "weight", "input_scale", "bias")
+_LAYER_TENSORS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx", "weight", "input_scale",
+                  "input_zero_point", "bias")
 
 
 def is_compressed_tensors(qc: dict) -> bool:
@@ -88,28 +92,38 @@ class CompressedTensorsCheckpoint:
         where = f"{self.files.path}: layer {prefix}"
         if any(_matches(prefix, t) for t in self.ignore):
             raise CheckpointError(f"{where} has quantized tensors but the config's ignore list names it")
-        found = [g for g in self.groups.values() if any(_matches(prefix, t) for t in g.get("targets", ()))]
+        # as compressed-tensors' apply_quantization_config: a target names the last group that
+        # lists it; of the targets that match, an exact name wins over a regex (each kind in
+        # sorted order), and a regex over the class name
+        group_of = {t: g for g in self.groups.values() for t in g.get("targets", ())}
+        by_name = sorted((t for t in group_of if t != "Linear" and _matches(prefix, t)), key=lambda t: ("re:" in t, t))
+        found = by_name or [t for t in group_of if t == "Linear"]
         if not found:
             raise CheckpointError(f"{where} has quantized tensors but no config group targets it")
-        # compressed-tensors lets a name or regex target win over a class-name target
-        specific = [g for g in found if any(t != "Linear" and _matches(prefix, t) for t in g.get("targets", ()))]
-        return (specific or found)[0]
+        return group_of[found[0]]
 
     def _scheme(self, prefix: str, group: dict) -> tuple[Scheme, bool]:
         """(qfuse scheme, act_order) of one layer from its config group."""
-        where = f"{self.files.path}: layer {prefix}"
+        where = f"{self.files.path / 'config.json'}: layer {prefix}"
         w, a = group.get("weights") or {}, group.get("input_activations")
         if group.get("output_activations"):
             raise CheckpointError(f"{where}: output activation quantization is not supported")
         if w.get("type", "int") != "int" or a and a.get("type", "int") != "int":
             raise CheckpointError(f"{where}: only integer quantization is supported (got weights type {w.get('type')!r})")
-        bits = int(w.get("num_bits", 8))
-        strategy = w.get("strategy") or ("group" if (w.get("group_size") or -1) > 0 else "channel")
+        try:
+            bits, group_size = int(w.get("num_bits", 8)), int(w.get("group_size") or -1)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{where}: weights num_bits={w.get('num_bits')!r} and group_size={w.get('group_size')!r} must be integers") from None
+        strategy = w.get("strategy") or ("group" if group_size > 0 else "channel")
         if strategy not in ("group", "channel", "tensor"):
             raise CheckpointError(f"{where}: weight strategy {strategy!r} is not supported (group, channel, tensor)")
-        group_size = int(w["group_size"]) if strategy == "group" else -1
+        if strategy == "group" and group_size <= 0:
+            raise CheckpointError(f"{where}: weight strategy 'group' needs a positive group_size, got {w.get('group_size')!r}")
+        group_size = group_size if strategy == "group" else -1
         act_order = w.get("actorder") in ("group", "dynamic", True)
         try:
+            if a is None and prefix in self.w4a8_g128_layers:
+                raise ValueError(f"{EXTENSION_NAME} layers are dynamic W8A8 per-channel layers, this one is weight-only")
             if a is None:
                 return make_scheme(bits, 16, group_size, bool(w.get("symmetric", True))), act_order
             if int(a.get("num_bits", 8)) != 8 or not a.get("symmetric", True):
@@ -145,12 +159,26 @@ class CompressedTensorsCheckpoint:
             if f"{prefix}.weight_packed" in f:
                 shape = f.get(f"{prefix}.weight_shape", (torch.int64, torch.int32), (2,))
                 n, k = (int(v) for v in shape)
+                packed, want = f.shape(f"{prefix}.weight_packed"), (n, -(-k * scheme.weight_bits // 32))
+                if packed != want:
+                    raise CheckpointError(f"{f.where(prefix)}: tensor '{prefix}.weight_packed' has shape {list(packed)}, but "
+                                          f"'{prefix}.weight_shape' {[n, k]} with {scheme.weight_bits}-bit codes needs {list(want)}")
             elif f"{prefix}.weight" in f:
                 n, k = f.shape(f"{prefix}.weight")
             else:
-                raise CheckpointError(f"{f.path}: layer {prefix} has a weight_scale but neither weight_packed nor weight")
+                raise CheckpointError(f"{f.where(prefix)}: layer {prefix} has a weight_scale but neither weight_packed nor weight")
+            unused = {"weight": f"{prefix}.weight_packed" in f and "the layer's weights are in weight_packed",
+                      "weight_g_idx": not act_order and "the config sets no group actorder for the layer",
+                      "input_scale": not scheme.static_act and "the config's activations are not static per-tensor"}
+            for leaf, why in unused.items():
+                if why and f"{prefix}.{leaf}" in f:
+                    raise CheckpointError(f"{f.file_of[f'{prefix}.{leaf}']}: tensor '{prefix}.{leaf}' is stored but {why}")
             tensors = [f"{prefix}.{t}" for t in _LAYER_TENSORS if f"{prefix}.{t}" in f]
             specs[prefix] = LayerSpec(prefix, scheme, n, k, act_order=act_order, tensors=tensors)
+        for name in f.names():  # quantized data of a layer without weight_scale would otherwise load as a plain tensor
+            prefix, _, leaf = name.rpartition(".")
+            if prefix not in specs and (leaf in _LAYER_TENSORS[:5] + ("input_scale",) or leaf == "weight" and f.dtype(name)[0] in "IU"):
+                raise CheckpointError(f"{f.file_of[name]}: tensor {name!r} ({f.dtype(name)}) is quantized data, but there is no '{prefix}.weight_scale'")
         for prefix in self.w4a8_g128_layers - set(specs):
             raise CheckpointError(f"{f.path}: {EXTENSION_KEY} lists layer {prefix}, which has no quantized tensors")
         return specs
@@ -182,7 +210,7 @@ class CompressedTensorsCheckpoint:
 
     def build(self, spec: LayerSpec, dtype: torch.dtype) -> QuantLinear:
         f, p, s = self.files, spec.prefix, spec.scheme
-        where = f"{f.path}: layer {p}"
+        where = f"{f.where(p)}: layer {p}"
         n, k = spec.out_features, spec.in_features
         if s.group_size != -1 and k % s.group_size:
             raise CheckpointError(f"{where}: in_features={k} is not divisible by group_size={s.group_size}")
@@ -198,10 +226,17 @@ class CompressedTensorsCheckpoint:
                     if zp.shape != (-(-n * bits // 32), groups):
                         raise CheckpointError(f"{where}: weight_zero_point has shape {list(zp.shape)}, expected [{-(-n * bits // 32)}, {groups}]")
                     zeros = unpack_int32(zp, bits, dim=0)[:n]
-                else:
+                else:  # unpacked: before 0.9.4, and per-tensor ([1]) zero points, which are never packed
+                    if zp.numel() == 1 and groups == 1:
+                        zp = zp.reshape(1, 1).expand(n, 1)
                     if zp.shape != (n, groups):
                         raise CheckpointError(f"{where}: weight_zero_point has shape {list(zp.shape)}, expected [{n}, {groups}]")
-                    zeros = (zp.to(torch.int16) + (1 << (bits - 1))).clamp(0, 255).to(torch.uint8)
+                    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+                    if zp.numel() and (int(zp.min()) < lo or int(zp.max()) > hi):
+                        raise CheckpointError(f"{where}: weight_zero_point values lie in [{int(zp.min())}, {int(zp.max())}], outside the {bits}-bit range [{lo}, {hi}]")
+                    zeros = (zp.to(torch.int16) - lo).to(torch.uint8)
+                if s.symmetric and bool((zeros != 1 << (bits - 1)).any()):  # older compressed-tensors stored zeros for symmetric layers
+                    raise CheckpointError(f"{where}: the config says symmetric but weight_zero_point holds nonzero zero points")
             elif not s.symmetric:
                 raise CheckpointError(f"{where}: the config says asymmetric but weight_zero_point is missing")
             codes = (q + (1 << (bits - 1))).to(torch.uint8)
@@ -209,6 +244,11 @@ class CompressedTensorsCheckpoint:
             if g_idx is not None and g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
                 raise CheckpointError(f"{where}: weight_g_idx values must lie in [0, {groups})")
             return wna16_linear(spec, codes, self._scale(spec, groups, where), zeros, bias, g_idx, dtype, where)
+        if f"{p}.weight_zero_point" in f and bool(f.get(f"{p}.weight_zero_point").any()):
+            raise CheckpointError(f"{where}: weight_zero_point holds nonzero zero points, but int8-activation layers are symmetric")
+        # releases before mid 2024 also stored the (all-zero) input zero point of symmetric static layers
+        if f"{p}.input_zero_point" in f and bool(f.get(f"{p}.input_zero_point").any()):
+            raise CheckpointError(f"{where}: input_zero_point is not zero; int8 activations must be symmetric")
         tensors: dict[str, Tensor | None] = {}
         if p in self.w4a8_g128_layers:
             w_int = self._signed_codes(spec, 8, where)

@@ -28,10 +28,12 @@ class CheckpointError(ValueError):
 
 def read_json(path: Path) -> dict:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data
@@ -49,8 +51,11 @@ class CheckpointFiles:
         index = self.path / INDEX_NAME
         if index.is_file():
             weight_map = read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise CheckpointError(f"{index}: no 'weight_map'")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index}: no 'weight_map' (an object of tensor name -> file name)")
+            for tensor, name in weight_map.items():
+                if not isinstance(name, str) or not name or Path(name).name != name:
+                    raise CheckpointError(f"{index}: tensor {tensor!r} is listed in {name!r}, not a file name in {self.path}")
             files = sorted(set(weight_map.values()))
         elif (self.path / SINGLE_NAME).is_file():
             files = [SINGLE_NAME]
@@ -58,30 +63,46 @@ class CheckpointFiles:
             files = sorted(p.name for p in self.path.glob("*.safetensors"))
             if not files:
                 raise CheckpointError(f"{self.path}: no safetensors files (and no {INDEX_NAME})")
-        for name in files:
-            self._scan(self.path / name)
+        self.files = [self.path / name for name in files]
+        for file in self.files:
+            self._scan(file)
         if index.is_file():
             for tensor, name in weight_map.items():
                 if tensor not in self.file_of:
                     raise CheckpointError(f"{index}: tensor {tensor!r} is listed in {name} but not stored there")
+                if self.file_of[tensor].name != name:
+                    raise CheckpointError(f"{index}: tensor {tensor!r} is listed in {name} but stored in {self.file_of[tensor].name}")
 
     def _scan(self, file: Path) -> None:
         """Read the header of ``file`` and check that its data is all there."""
         if not file.is_file():
             raise CheckpointError(f"{file}: listed in the index but missing")
-        size = file.stat().st_size
         try:
+            size = file.stat().st_size
             with open(file, "rb") as f:
                 n = int.from_bytes(f.read(8), "little")
                 if size < 8 or n > size - 8:
-                    raise ValueError(f"header of {n} bytes in a {size}-byte file")
+                    raise ValueError(f"header of {n} bytes in a {size}-byte file" if size >= 8 else f"only {size} bytes")
                 header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError) as e:
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
             raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+        except OSError as e:
+            raise CheckpointError(f"{file}: cannot read it ({e.strerror or e})") from None
         header.pop("__metadata__", None)
+        for tensor, info in header.items():
+            try:
+                begin, end = info["data_offsets"]
+                ok = isinstance(info["dtype"], str) and all(isinstance(d, int) and d >= 0 for d in [*info["shape"], begin, end])
+            except (TypeError, KeyError, ValueError):
+                ok = False
+            if not ok or begin > end:
+                raise CheckpointError(f"{file}: not a readable safetensors file (tensor {tensor!r} has a malformed header entry {info!r})")
         end = max((info["data_offsets"][1] for info in header.values()), default=0)
         if 8 + n + end > size:
-            raise CheckpointError(f"{file}: truncated ({size} bytes, its header needs {8 + n + end})")
+            raise CheckpointError(f"{file}: truncated ({size} bytes, its header needs {8 + n + end}; "
+                                  f"tensor {max(header, key=lambda t: header[t]['data_offsets'][1])!r} ends past the end)")
         for tensor, info in header.items():
             if tensor in self.file_of:
                 raise CheckpointError(f"{file}: tensor {tensor!r} is also stored in {self.file_of[tensor].name}")
@@ -104,9 +125,20 @@ class CheckpointFiles:
         dtype, shape = self._meta[name]
         return _DTYPE_BYTES.get(dtype, 1) * math.prod(shape)
 
+    def dtype(self, name: str) -> str:
+        """The safetensors dtype name of ``name`` (``"I8"``, ``"BF16"``, ...), from its header."""
+        self._require(name)
+        return self._meta[name][0]
+
+    def where(self, prefix: str) -> str:
+        """The file holding the tensors ``prefix.*`` (the directory when they are spread over several), for messages."""
+        files = {file for name, file in self.file_of.items() if name.startswith(f"{prefix}.")}
+        return str(files.pop()) if len(files) == 1 else str(self.path)
+
     def _require(self, name: str) -> None:
         if name not in self.file_of:
-            raise CheckpointError(f"{self.path}: tensor {name!r} is missing")
+            stored = ", ".join(f.name for f in self.files[:3]) + (f" or {len(self.files) - 3} more" if len(self.files) > 3 else "")
+            raise CheckpointError(f"{self.path}: tensor {name!r} is missing (not in {stored})")
 
     def get(self, name: str, dtypes: Iterable[torch.dtype] | None = None, shape: tuple | None = None) -> Tensor:
         """Load one tensor, checking its dtype (one of ``dtypes``) and ``shape`` (``None`` entries match anything)."""
