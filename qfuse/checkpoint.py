@@ -29,9 +29,10 @@ from .norm import RMSNorm, is_convertible_rmsnorm
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _model_dtype(config: dict, dtype: torch.dtype | str | None) -> torch.dtype:
-    """The activation dtype: ``dtype`` if given, else the config's when it is fp16/bf16, else fp16
-    (AutoAWQ and GPTQ scales are fp16, so their weights stay bit-exact)."""
+def _model_dtype(config: dict, dtype: torch.dtype | str | None, reader=None) -> torch.dtype:
+    """The activation dtype: ``dtype`` if given; for AutoAWQ / GPTQ the dtype their scales are
+    stored in (fp16), so the weights stay bit-exact; else config.json's when it is fp16/bf16;
+    else fp16."""
     if isinstance(dtype, str):
         dtype = _DTYPES.get(dtype.removeprefix("torch."))
         if dtype is None:
@@ -40,17 +41,69 @@ def _model_dtype(config: dict, dtype: torch.dtype | str | None) -> torch.dtype:
         if dtype not in _DTYPES.values():
             raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
         return dtype
+    if reader is not None and reader.name != CT_NAME:
+        scales = [n for n in reader.files.names() if n.endswith(".scales")]
+        stored = {"F16": torch.float16, "BF16": torch.bfloat16}.get(reader.files.dtype(scales[0])) if scales else None
+        if stored is not None:
+            return stored
     named = config.get("torch_dtype") or config.get("dtype")
     return _DTYPES.get(str(named).removeprefix("torch."), torch.float16)
+
+
+def _aliases(model: nn.Module) -> dict[str, list[str]]:
+    """Every parameter / buffer name -> all names of that same tensor (tied weights)."""
+    by_id: dict[int, list[str]] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        by_id.setdefault(id(t), []).append(name)
+    return {name: names for names in by_id.values() for name in names}
 
 
 def _set_tensor(model: nn.Module, name: str, value: Tensor) -> None:
     module_name, _, leaf = name.rpartition(".")
     module = model.get_submodule(module_name) if module_name else model
     if leaf in module._parameters:
-        module._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+        module._parameters[leaf] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
     else:
         module._buffers[leaf] = value
+
+
+def _plain_tensors(reader, model: nn.Module, specs: dict, dtype: torch.dtype, device) -> dict[str, Tensor]:
+    """Every checkpoint tensor that is not part of a quantized layer, checked against the
+    model's parameter or buffer of that name (shape; floating point or not), cast to ``dtype``."""
+    files = reader.files
+    consumed = {t for spec in specs.values() for t in spec.tensors}
+    targets = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(model.named_buffers(remove_duplicate=False))
+    quantized = tuple(f"{p}." for p in specs)
+    plain = {}
+    for name in files.names():
+        if name in consumed:
+            continue
+        where = files.file_of[name]
+        if name not in targets or name.startswith(quantized):
+            raise CheckpointError(f"{where}: tensor {name!r} belongs to no parameter or buffer of the model")
+        want = targets[name]
+        t = files.get(name)
+        if tuple(t.shape) != tuple(want.shape):
+            raise CheckpointError(f"{where}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(want.shape)}")
+        if t.is_floating_point() != want.is_floating_point():
+            raise CheckpointError(f"{where}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}, "
+                                  f"the model expects {str(want.dtype).removeprefix('torch.')}")
+        plain[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    return plain
+
+
+def _check_nothing_missing(model: nn.Module, specs: dict, plain: dict[str, Tensor], files) -> None:
+    """Fail, before the model is touched, on any parameter or stored buffer the checkpoint
+    does not provide (a tied weight is provided when one of its names is)."""
+    aliases = _aliases(model)
+    replaced = tuple(f"{p}." for p in specs)
+    stored = set(model.state_dict(keep_vars=True))
+    missing = [n for n in aliases if n in stored and not n.startswith(replaced) and not any(a in plain for a in aliases[n])]
+    if missing:
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        shards = ", ".join(sorted({f.name for f in files.file_of.values()}))
+        raise CheckpointError(f"{files.path}: the checkpoint has no tensor for {', '.join(missing[:10])}{more} (searched {shards})")
 
 
 def load_quantized(
@@ -67,68 +120,56 @@ def load_quantized(
     ``model`` is the float architecture, with parameters real or on the meta device; each
     quantized layer in the checkpoint replaces the ``nn.Linear`` of that name by a
     :class:`qfuse.QuantLinear`, every other tensor is assigned by name (cast to ``dtype`` if
-    floating point), and RMSNorms become :class:`qfuse.RMSNorm`. ``model=None`` builds the
-    Hugging Face model from ``config.json`` (see :func:`from_pretrained`).
+    floating point; tied weights stay tied), computed buffers left on the meta device (rotary
+    ``inv_freq``) are rebuilt from ``model.config``, and RMSNorms become :class:`qfuse.RMSNorm`.
+    ``model=None`` builds the Hugging Face model from ``config.json`` (:func:`from_pretrained`).
+
+    ``dtype`` (fp16 or bf16) defaults to the stored scale dtype for AutoAWQ and GPTQ (fp16, so
+    their weights stay bit-exact), else to config.json's dtype.
 
     Raises :class:`qfuse.CheckpointError` (a ``ValueError``) naming the file and tensor for a
     missing or malformed tensor, a config the tensors contradict, a layer the model lacks, or a
-    model parameter the checkpoint lacks; all quantized layers are built before any is swapped in.
+    model parameter the checkpoint lacks. Everything is read and checked before the model is
+    changed, so after an error the model is as it was.
     """
     if model is None:
         return from_pretrained(path, dtype=dtype, device=device, progress=progress)
     path = Path(path)
     reader = open_checkpoint(path)
     config, _ = quantization_config(path)
-    dtype = _model_dtype(config, dtype)
+    dtype = _model_dtype(config, dtype, reader)
     specs = reader.layers()
     for prefix, spec in specs.items():
+        where = reader.files.where(prefix)
         try:
             target = model.get_submodule(prefix)
         except AttributeError:
-            raise CheckpointError(f"{path}: quantized layer {prefix} has no module of that name in the model") from None
+            raise CheckpointError(f"{where}: quantized layer {prefix} has no module of that name in the model") from None
         shape = (target.out_features, target.in_features) if isinstance(target, (nn.Linear, QuantLinear)) else None
         if shape != (spec.out_features, spec.in_features):
-            raise CheckpointError(f"{path}: quantized layer {prefix} is [{spec.out_features}, {spec.in_features}], "
+            raise CheckpointError(f"{where}: quantized layer {prefix} is [{spec.out_features}, {spec.in_features}], "
                                   f"the model's {type(target).__name__} there is {list(shape) if shape else 'not a linear layer'}")
+    plain = _plain_tensors(reader, model, specs, dtype, device)
+    _check_nothing_missing(model, specs, plain, reader.files)
     built = {}
     for prefix, spec in tqdm(specs.items(), desc=f"qfuse load ({reader.name})", unit="layer", disable=not progress):
         built[prefix] = reader.build(spec, dtype).to(device)
-    consumed = {t for spec in specs.values() for t in spec.tensors}
-    targets = dict(model.named_parameters(remove_duplicate=False))
-    targets.update(model.named_buffers(remove_duplicate=False))
-    quantized = tuple(f"{p}." for p in specs)
-    plain = {}
-    for name in reader.files.names():
-        if name in consumed:
-            continue
-        if name not in targets or name.startswith(quantized):
-            raise CheckpointError(f"{reader.files.file_of[name]}: tensor {name!r} belongs to no parameter or buffer of the model")
-        want = targets[name]
-        t = reader.files.get(name)
-        if tuple(t.shape) != tuple(want.shape):
-            raise CheckpointError(f"{reader.files.file_of[name]}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(want.shape)}")
-        plain[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    # Everything is read and checked: the model changes from here on.
+    aliases = _aliases(model)
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     for prefix, layer in built.items():
         parent, _, child = prefix.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
     for name, t in plain.items():
-        _set_tensor(model, name, t)
-    _tie_and_check(model, path)
+        value = nn.Parameter(t, requires_grad=False) if name in params else t
+        for alias in aliases.get(name, [name]):
+            _set_tensor(model, alias, value)
+    _rebuild_meta_buffers(model, getattr(model, "config", None))
     for name, mod in list(model.named_modules()):
         if is_convertible_rmsnorm(mod):
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, RMSNorm.from_module(mod))
     return model.eval()
-
-
-def _tie_and_check(model: nn.Module, path: Path) -> None:
-    """Re-tie tied embeddings, then fail on any parameter or persistent buffer still on meta."""
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
-    missing = [n for n, t in model.state_dict(keep_vars=True).items() if t is not None and t.is_meta]
-    if missing:
-        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        raise CheckpointError(f"{path}: the checkpoint has no tensor for {', '.join(missing[:10])}{more}")
 
 
 @contextlib.contextmanager
@@ -140,12 +181,14 @@ def _skeleton() -> Iterator[None]:
 
 def _rebuild_meta_buffers(model: nn.Module, config) -> None:
     """Non-persistent buffers (rotary ``inv_freq``) are computed, not stored: rebuild each
-    module that holds one from the config, on the CPU."""
+    module that holds one on the meta device from the config, on the CPU."""
     for name, module in model.named_modules():
         meta = [b for b, t in module._buffers.items() if t is not None and t.is_meta and b in module._non_persistent_buffers_set]
         if not meta:
             continue
         try:
+            if config is None:
+                raise ValueError("the model has no config")
             fresh = type(module)(config=config)
         except Exception as e:
             raise CheckpointError(f"cannot rebuild the computed buffers {meta} of {name} ({type(module).__name__}): {e}") from None
@@ -172,6 +215,7 @@ def from_pretrained(
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json to build the model from (pass a model to load_quantized instead)")
+    quantization_config(path)  # an unreadable config raises a CheckpointError naming it, before transformers reads it
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the layers are qfuse's; transformers must not quantize anything

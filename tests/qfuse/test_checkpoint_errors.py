@@ -255,8 +255,6 @@ def test_plain_tensor_deleted(ckpt, rejected, name):
     rejected(path, names(path, "has no tensor for", name), into_model=False)
 
 
-@pytest.mark.xfail(strict=True, reason="qfuse/checkpoint.py: load_quantized assigns tensors and swaps layers in "
-                                        "before _tie_and_check finds a model parameter the checkpoint lacks")
 def test_plain_tensor_deleted_leaves_a_given_model_untouched(ckpt, rejected):
     path = ckpt("w4")
     edit_tensors(path, delete(NORM))
@@ -277,7 +275,7 @@ def test_plain_tensor_deleted_leaves_a_given_model_untouched(ckpt, rejected):
     ("w4", "model.embed_tokens.weight", lambda t: t[:, :-8], f"{FILE}: tensor 'model.embed_tokens.weight' has shape [256, 248]"),
     ("w8", f"{Q}.weight_scale", lambda t: t[:-1], f"{FILE}: layer {Q}: weight_scale has shape [255, 1], expected [256, 1] or [1]"),
     ("w8", f"{Q}.weight_scale", lambda t: t.expand(-1, 2), f"{FILE}: layer {Q}: weight_scale has shape [256, 2]"),
-    ("w8", f"{Q}.weight", lambda t: t[:-1], f": quantized layer {Q} is [255, 256], the model's Linear there is [256, 256]"),
+    ("w8", f"{Q}.weight", lambda t: t[:-1], f"/{FILE}: quantized layer {Q} is [255, 256], the model's Linear there is [256, 256]"),
 ])
 def test_wrong_shape(ckpt, rejected, kind, name, how, message):
     path = ckpt(kind)
@@ -656,8 +654,6 @@ def test_invalid_json_in_config(ckpt, skeleton, content):
     assert untouched(model)
 
 
-@pytest.mark.xfail(strict=True, raises=OSError, reason="qfuse/checkpoint.py: from_pretrained hands config.json to "
-                                                       "transformers.AutoConfig before reading it itself")
 def test_invalid_json_in_config_from_pretrained(ckpt):
     path = ckpt("w4")
     (path / "config.json").write_text((path / "config.json").read_text()[:-10])
