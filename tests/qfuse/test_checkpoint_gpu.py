@@ -12,8 +12,10 @@ from tests.hf_models import tiny_hf_model
 pytestmark = pytest.mark.gpu
 
 # GPU kernels and CPU reference differ by accumulation order and (W4A16 decode) bf16 pair
-# sums; a wrong layout or lost perm gives a relative error near 1.
-MAX_REL = 0.02
+# sums: weight-only logits measured within 0.02. With int8 activations such a difference can
+# also flip an activation code, which the next layer carries on: 0.022-0.024 measured at
+# M = 33. A wrong layout or a lost permutation gives a relative error near 1.
+MAX_REL = {"W8A16": 0.02, "W4A16": 0.02, "W4A16_ASYM": 0.02, "W8A8": 0.04, "W4A8": 0.04, "W4A8_G128": 0.04}
 
 
 @pytest.mark.parametrize("scheme", list(qfuse.SCHEMES))
@@ -29,7 +31,7 @@ def test_from_pretrained_to_cuda_matches_the_cpu_reference(scheme, tmp_path):
         with torch.inference_mode():
             ref = cpu(ids, use_cache=False).logits.float()
             out = gpu(ids.cuda(), use_cache=False).logits.float().cpu()
-        assert rel_err(out, ref) < MAX_REL, f"{scheme} M={m}: {rel_err(out, ref):.4f}"
+        assert rel_err(out, ref) < MAX_REL[scheme], f"{scheme} M={m}: {rel_err(out, ref):.4f}"
 
 
 @pytest.mark.parametrize("n,k", [(4096, 4096), (4000, 4096), (14336, 4096), (4096, 14336)])
