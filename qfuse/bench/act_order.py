@@ -7,7 +7,7 @@ W4A16 GEMM. Per (N x K, M), bf16, group 128, medians in microseconds, one run:
 
 * ``plain_us``: ``QuantLinear`` without ``act_perm`` (a checkpoint without act-order);
 * ``act_order_us``: the same layer with ``act_perm``;
-* ``gather_us``: the gather alone; ``overhead_pct``: ``act_order_us / plain_us - 1``;
+* ``gather_us``: ``index_select`` alone (the layer gathers by advanced indexing, ~1 us less; docs/bench/act_order/gather_forms.py); ``overhead_pct``: ``act_order_us / plain_us - 1``;
 * ``compiled_act_order_us``: gather + GEMM as one ``torch.compile``'d function (Inductor
   writes its own gather kernel); ``compiled_overhead_pct`` against ``plain_us``;
 * ``act_order_eager_us``: one eager call with ``act_perm``, launch overhead included.
