@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
 from ._autotune import m_bucket, pick_config
+from ._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
 from .int8_quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
 

@@ -53,7 +53,6 @@ from ._autotune import m_bucket, sm_count, split_k_choices
 from ._zeroed_workspace import zeroed_int32
 from .int8_gemm_kernels import _nibbles_minus_8, _scaled_nibbles, finish_tile, tile_of
 
-
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 4, "enable_fp_fusion": False}
 

@@ -25,7 +25,6 @@ from ._views import aligned_view
 from ._zeroed_workspace import zeroed_int32
 from .w4a8_gemv import _dp4a_s, _split4, finish_tokens
 
-
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
 

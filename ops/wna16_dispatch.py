@@ -50,8 +50,8 @@ from ._autotune import m_bucket, offered, pick_config, sm_count, split_k_choices
 from .w4a16_mma_gemv import mma_gemv_supported
 from .w4a16_mma_words import mma_words_supported
 from .wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
-from .wna16_tma import tma_supported
 from .wna16_tiled_words import tiled_words_supported
+from .wna16_tma import tma_supported
 
 OP = "wna16_gemm"
 

@@ -15,7 +15,6 @@ tolerance. Split-K partials go through the same deterministic reduction as the t
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor

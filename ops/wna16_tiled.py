@@ -27,7 +27,6 @@ Variants chosen by config (the math stays the one of ``wna16_gemm``):
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor

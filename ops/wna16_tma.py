@@ -90,7 +90,6 @@ from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, 
 from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import split_k_slices
 
-
 # compile options of a launch where the config does not set them (``qfuse.bench.sass.compile_sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 3}
 

@@ -24,10 +24,10 @@ _map_source_subpackages()
 from . import ops  # noqa: E402  (registers torch.ops.qfuse.*)
 from .checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
 from .compile import compile, inductor_options  # noqa: E402,A004  (imports qfuse.passes lazily)
+from .formats import CheckpointError  # noqa: E402
 from .linear import QuantLinear  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
 from .quantize_model import quantize_model  # noqa: E402
-from .formats import CheckpointError  # noqa: E402
 from .schemes import SCHEMES, Scheme, get_scheme  # noqa: E402
 
 __all__ = [

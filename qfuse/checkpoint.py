@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .formats import CheckpointError, open_checkpoint, quantization_config
-from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, NAME as CT_NAME, layer_to_ct
+from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
+from .formats.compressed_tensors import NAME as CT_NAME
 from .formats.files import write_safetensors
 from .linear import QuantLinear
 from .norm import RMSNorm, is_convertible_rmsnorm

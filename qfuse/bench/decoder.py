@@ -119,9 +119,10 @@ def _pretune(layers, inputs) -> None:
 
 def run_one(layers, inputs, passes: bool) -> tuple[float, float, dict, Tensor]:
     """(step us, compile s, fusion counts, output hidden) for one (scheme, shape, passes)."""
+    from torch._inductor.utils import fresh_cache
+
     import qfuse.passes as qp
     from qfuse.compile import compile as qcompile
-    from torch._inductor.utils import fresh_cache
 
     torch._dynamo.reset()
     qp.reset_counters()

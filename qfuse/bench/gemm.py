@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                         gl = None
                 row["floor_us"] = op_bytes(m, n, k, bits, group, args.asym) / bw * 1e6
                 if not args.no_eager:
-                    row["op_eager_us"] = time_eager(lambda: torch.ops.qfuse.wna16_gemm(x, *ops[0], None, bits, group))
+                    row["op_eager_us"] = time_eager(lambda ops=ops, x=x: torch.ops.qfuse.wna16_gemm(x, *ops[0], None, bits, group))
                 row["speedup_vs_bf16"] = row["bf16_us"] / row["op_us"]
                 if "tinygemm_us" in row:
                     row["tinygemm_vs_bf16"] = row["bf16_us"] / row["tinygemm_us"]

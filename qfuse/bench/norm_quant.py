@@ -107,8 +107,8 @@ def bench(ops_, hs, ms, dtype, bw, inductor: bool, log, dev: str = "cuda") -> li
                     row["inductor_us"] = time_graph([lambda a=a: compiled(*a) for a in copies])
                 row["bytes"] = nbytes
                 row["floor_us"] = nbytes / bw * 1e6
-                row["fused_eager_us"] = time_eager(lambda: fused(*copies[0]))
-                row["unfused_eager_us"] = time_eager(lambda: unfused(*copies[0]))
+                row["fused_eager_us"] = time_eager(lambda copies=copies: fused(*copies[0]))
+                row["unfused_eager_us"] = time_eager(lambda copies=copies: unfused(*copies[0]))
                 row["fused_vs_unfused"] = row["unfused_us"] / row["fused_us"]
                 if "inductor_us" in row:
                     row["fused_vs_inductor"] = row["inductor_us"] / row["fused_us"]

@@ -43,8 +43,8 @@ def test_accumulator_exact_at_extremes():
     xq = torch.full((m, k), -128, dtype=torch.int8)
     out = torch.ops.qfuse.w4a8_gemm(xq, torch.ones(1), qw, torch.ones(n), gs, None, 128, torch.bfloat16)
     assert out.float().unique().tolist() == [float(k * 128 * 128)]  # 2**23: exact in bf16
-    from qfuse.ops.w4a8_gemm import w4a8_int_weight
     from qfuse.ops._int_matmul import int8_matmul_nt
+    from qfuse.ops.w4a8_gemm import w4a8_int_weight
 
     assert (int8_matmul_nt(xq, w4a8_int_weight(qw, gs, 128)) == k * 128 * 128).all()
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from qfuse.ops._int_matmul import int8_matmul_nt
 from qfuse.ops import _int_matmul
+from qfuse.ops._int_matmul import int8_matmul_nt
 from tests.helpers import ACT_DTYPES, DECODE_AND_ODD_M, random_int8
 
 SCALE_VARIANTS = [("token", "channel"), ("token", "tensor"), ("tensor", "channel"), ("tensor", "tensor")]

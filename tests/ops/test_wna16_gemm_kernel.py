@@ -20,12 +20,11 @@ import os
 
 import pytest
 import torch
-
 import triton
 import triton.language as tl
 
-from qfuse.ops._wna16_common import dequantize_triton, finish_split, split_counters
 from qfuse.ops._autotune import m_bucket
+from qfuse.ops._wna16_common import dequantize_triton, finish_split, split_counters
 from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
 from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
 from qfuse.ops.wna16_gemv import wna16_gemv

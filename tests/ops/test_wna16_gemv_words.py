@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
-from qfuse.ops.wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from qfuse.ops.wna16_gemm import wna16_gemm_ref
+from qfuse.ops.wna16_gemv_words import tile_words, wna16_gemv_words, words_supported
 from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, make_problem
 
 # 64 codes per tile (4-bit: 8 words, 8-bit: 16 words), so K = 256 splits into 4 whole tiles
