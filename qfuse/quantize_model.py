@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .linear import QuantLinear, check_quantizable
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
-from .schemes import Scheme, get_scheme
+from .schemes import Scheme, get_scheme, make_scheme, op_group_sizes
 
 # What ignore=None means. Unlike entries the caller passes, it does not warn when it
 # matches nothing: most models without an "lm_head" simply have no output head.
@@ -96,22 +96,92 @@ def _check_finite(w: Tensor, name: str) -> None:
         raise ValueError(f"{name}: weight has {bad} NaN/inf value(s) of {w.numel()} (a broken checkpoint?)")
 
 
-def _problem(name: str, mod: nn.Module, scheme: Scheme) -> Exception | None:
-    """Why ``mod`` cannot be converted, or None."""
+def _in_features(mod: nn.Linear) -> int | None:
+    w = mod.weight
+    return w.shape[1] if w.dim() == 2 else None
+
+
+def _ragged(scheme: Scheme, k: int | None) -> bool:
+    """Whether ``scheme``'s group does not divide ``k`` inputs."""
+    return k is not None and scheme.group_size != -1 and k % scheme.group_size != 0
+
+
+def _fallback_scheme(scheme: Scheme, k: int) -> Scheme | None:
+    """The scheme of a layer of ``k`` inputs that ``scheme``'s group does not divide: the
+    largest group the scheme's op runs that is <= its group and divides ``k`` (wna16_gemm:
+    64, then 32, for a scheme of group 128); an op without such a group but with a per-channel
+    path (w4a8_gemm: group 128 or per channel) runs the layer per channel. None when no group
+    divides ``k``: the layer is refused, as without a fallback."""
+    for g in op_group_sizes(scheme.weight_bits, scheme.act_bits):
+        if g < scheme.group_size and k % g == 0:
+            return make_scheme(scheme.weight_bits, scheme.act_bits, g, scheme.symmetric, scheme.static_act)
+    if not scheme.weight_only:
+        return make_scheme(scheme.weight_bits, scheme.act_bits, -1, scheme.symmetric, scheme.static_act)
+    return None
+
+
+def _layer_schemes(linears: list[tuple[str, nn.Module]], scheme: Scheme, group_fallback: bool) -> dict[str, Scheme]:
+    """Each Linear's scheme: ``scheme``, or its fallback where its group does not divide in_features."""
+    out = {}
+    for name, mod in linears:
+        k = _in_features(mod)
+        fallback = _fallback_scheme(scheme, k) if group_fallback and _ragged(scheme, k) else None
+        out[name] = fallback or scheme
+    return out
+
+
+def _warn_fallbacks(linears: list[tuple[str, nn.Module]], schemes: dict[str, Scheme], scheme: Scheme) -> None:
+    """One warning for every layer that runs a smaller group (or per channel) than ``scheme``."""
+    moved = [(name, schemes[name]) for name, _ in linears if schemes[name] is not scheme]
+    if not moved:
+        return
+    by_scheme: dict[Scheme, list[str]] = {}
+    for name, s in moved:
+        by_scheme.setdefault(s, []).append(name)
+    parts = []
+    for s, names in sorted(by_scheme.items(), key=lambda item: -item[0].group_size):
+        group = "per channel" if s.group_size == -1 else f"with group {s.group_size}"
+        parts.append(f"{len(names)} {group} ({s.name}, e.g. {_label(names[0])})")
+    warnings.warn(
+        f"quantize_model: {len(moved)} of {len(linears)} layer(s) have in_features not divisible by group_size={scheme.group_size} "
+        f"of {scheme.name} and use the largest group its op runs that divides them instead: {', '.join(parts)}; "
+        "pass group_fallback=False to refuse these layers",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _problem(name: str, mod: nn.Module, scheme: Scheme, fallback_failed: bool = False) -> Exception | None:
+    """Why ``mod`` cannot be converted, or None. ``fallback_failed``: ``scheme``'s group does not
+    divide the layer's in_features and no smaller group its op runs does."""
     try:
         if isinstance(mod, nn.Linear):
             check_quantizable(mod.weight, scheme, _label(name))
             _check_finite(mod.weight.detach(), _label(name))
         else:
             check_convertible(mod, _label(name))
-    except (TypeError, ValueError) as e:
+    except TypeError as e:
+        return e
+    except ValueError as e:
+        k = _in_features(mod) if isinstance(mod, nn.Linear) else None
+        if fallback_failed and not (scheme.weight_bits == 4 and k % 2):  # the group check failed
+            smaller = [str(g) for g in op_group_sizes(scheme.weight_bits, scheme.act_bits) if g < scheme.group_size]
+            return ValueError(f"{e}, nor by a smaller group size {scheme.op} runs ({', '.join(smaller) or 'none'})")
         return e
     return None
 
 
-def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme) -> None:
-    """One error naming every layer that cannot be converted, before anything changes."""
-    problems = [e for name, mod in layers if (e := _problem(name, mod, scheme)) is not None]
+def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme, schemes: dict[str, Scheme] | None = None,
+               group_fallback: bool = False) -> None:
+    """One error naming every layer that cannot be converted, before anything changes.
+    ``schemes``: a Linear's own scheme by name (default: ``scheme``)."""
+    schemes = schemes or {}
+    problems = []
+    for name, mod in layers:
+        s = schemes.get(name, scheme)
+        failed = group_fallback and isinstance(mod, nn.Linear) and _ragged(s, _in_features(mod))
+        if (e := _problem(name, mod, s, failed)) is not None:
+            problems.append(e)
     if not problems:
         return
     kind = TypeError if all(isinstance(e, TypeError) for e in problems) else ValueError
@@ -121,11 +191,12 @@ def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme) -> None:
                "pass their names in ignore=... to keep them in floating point")
 
 
-def _build_replacements(linears: list, norms: list, scheme: Scheme, progress: bool) -> list[tuple[str, nn.Module]]:
+def _build_replacements(linears: list, norms: list, scheme: Scheme, schemes: dict[str, Scheme], progress: bool) -> list[tuple[str, nn.Module]]:
     """Every new module, built before any is swapped in: an error half-way (a quantizer,
-    out of memory, Ctrl-C) then leaves the model exactly as it was."""
+    out of memory, Ctrl-C) then leaves the model exactly as it was. ``schemes``: each
+    Linear's scheme by name."""
     with tqdm(linears, desc=f"qfuse {scheme.name}", unit="layer", disable=not progress) as bar:
-        new: list[tuple[str, nn.Module]] = [(name, QuantLinear.from_linear(mod, scheme)) for name, mod in bar]
+        new: list[tuple[str, nn.Module]] = [(name, QuantLinear.from_linear(mod, schemes[name])) for name, mod in bar]
     new += [(name, RMSNorm.from_module(mod)) for name, mod in norms]
     return new
 
@@ -147,7 +218,12 @@ def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.
 
 
 def quantize_model(
-    model: nn.Module, scheme: Scheme | str, *, ignore: str | Iterable[str] | None = None, progress: bool = True
+    model: nn.Module,
+    scheme: Scheme | str,
+    *,
+    ignore: str | Iterable[str] | None = None,
+    progress: bool = True,
+    group_fallback: bool = True,
 ) -> nn.Module:
     """Quantize ``model`` in place with ``scheme`` and return it.
 
@@ -158,9 +234,16 @@ def quantize_model(
     its full name as a glob (``"model.layers.0.*"``); a str is one entry. ``None`` means
     ``("lm_head",)``; an entry given explicitly that matches no layer warns.
 
+    ``group_fallback``: a Linear whose in_features the scheme's group size does not divide
+    (SmolLM2's hidden size 576 = 4 * 128 + 64) takes the largest group the scheme's op runs
+    that is smaller and divides it (``wna16_gemm``: 64, then 32, as ``W4A16_G64`` /
+    ``W4A16_G64_ASYM``; ``w4a8_gemm``, which runs group 128 or per channel: per channel,
+    ``W4A8``), and one ``UserWarning`` per call gives their count, groups and an example
+    name. ``save_quantized`` records each layer's group. ``False`` refuses these layers.
+
     All layers are checked, and all new modules built, before any is swapped in: a layer
-    that cannot be converted (fp32 weights, in_features not divisible by the group
-    size, NaN/inf weights, ...) raises a ``ValueError``/``TypeError`` naming every such
+    that cannot be converted (fp32 weights, in_features divisible by no group size the
+    op runs, NaN/inf weights, ...) raises a ``ValueError``/``TypeError`` naming every such
     layer, and any error leaves the model untouched. It also raises a ``ValueError``
     when no ``nn.Linear`` is left to quantize, and when the model already contains
     ``QuantLinear`` layers (no requantization: start from the float model).
@@ -181,5 +264,7 @@ def quantize_model(
     linears = [(n, m) for n, m in kept if isinstance(m, nn.Linear)]
     norms = [(n, m) for n, m in kept if not isinstance(m, nn.Linear)]
     _refuse_nothing_to_quantize(model, linears, candidates, patterns)
-    _check_all(linears + norms, scheme)
-    return _swap_in(model, _build_replacements(linears, norms, scheme, progress))
+    schemes = _layer_schemes(linears, scheme, group_fallback)
+    _check_all(linears + norms, scheme, schemes, group_fallback)
+    _warn_fallbacks(linears, schemes, scheme)
+    return _swap_in(model, _build_replacements(linears, norms, scheme, schemes, progress))

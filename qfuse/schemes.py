@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The group sizes each op runs besides -1 (per output channel), largest first.
+WNA16_GROUP_SIZES = (128, 64, 32)  # wna16_gemm, 4- and 8-bit weights
+W4A8_GROUP_SIZES = (128,)  # w4a8_gemm (integer second-level group scale); w8a8_gemm: per channel only
+
+
+def op_group_sizes(weight_bits: int, act_bits: int) -> tuple[int, ...]:
+    """The group sizes (besides -1, per channel) the op for these bits runs, largest first."""
+    if act_bits == 16:
+        return WNA16_GROUP_SIZES
+    return W4A8_GROUP_SIZES if weight_bits == 4 else ()
+
 
 @dataclass(frozen=True)
 class Scheme:
@@ -30,12 +41,12 @@ class Scheme:
             raise ValueError(f"Scheme {self.name}: weight_bits must be 4 or 8, got {self.weight_bits}")
         if self.act_bits not in (8, 16):
             raise ValueError(f"Scheme {self.name}: act_bits must be 8 or 16, got {self.act_bits}")
-        if self.act_bits == 16 and self.group_size not in (-1, 32, 64, 128):
+        if self.act_bits == 16 and self.group_size not in (-1, *WNA16_GROUP_SIZES):
             raise ValueError(f"Scheme {self.name}: group_size must be -1, 32, 64 or 128, got {self.group_size}")
         if self.act_bits == 8:
             if not self.symmetric:
                 raise ValueError(f"Scheme {self.name}: int8-activation schemes are symmetric")
-            allowed = (-1,) if self.weight_bits == 8 else (-1, 128)
+            allowed = (-1, *op_group_sizes(self.weight_bits, self.act_bits))
             if self.group_size not in allowed:
                 raise ValueError(f"Scheme {self.name}: group_size must be one of {allowed}, got {self.group_size}")
         elif self.static_act:

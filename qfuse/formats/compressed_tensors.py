@@ -18,6 +18,14 @@ signed zero points ``zp``; ``W[n, k] = (q[n, k] - zp[n, g(k)]) * weight_scale[n,
   activations, ``input_scale`` ``[1]`` for static per-tensor activation scales.
 * ``weight_scale``: ``[N, groups]`` (group), ``[N, 1]`` (channel) or ``[1]`` (tensor).
 
+A group layer whose in_features K the group size G does not divide has ``groups = ceil(K / G)``
+scale (and zero-point) columns, the last one covering the K % G last inputs (the shapes
+compressed-tensors allocates; its 0.20 compressors refuse to write or read such a layer, its
+block strategy ``[1, G]`` computes the same). qfuse's kernels run no partial group, but the
+layer is exactly a layer of group g' = the largest group they run (128, 64, 32) dividing
+both G and K: each scale / zero-point column repeated G / g' times, cut to K / g' columns.
+Without such a g' (K not a multiple of 32, say), or with act-order, the layer is refused.
+
 Since the stored ``q + 2**(b-1)`` is exactly qfuse's unsigned code with the implicit zero
 point ``2**(b-1)``, 4-bit ``weight_packed`` words hold qfuse's byte layout bit for bit.
 
@@ -39,7 +47,7 @@ from ..linear import QuantLinear
 from ..ops.int4_packing import pack_int4, unpack_int4
 from ..ops.quant_int8 import check_static_scale
 from ..ops.w4a8_gemm import GROUP_SCALE_MAX, w4a8_int_weight
-from ..schemes import Scheme, make_scheme
+from ..schemes import WNA16_GROUP_SIZES, Scheme, make_scheme
 from .base import FLOAT_DTYPES, LayerSpec, optional_bias, wna16_linear
 from .files import CheckpointError, CheckpointFiles
 from .packing import pack_int32, unpack_int32
@@ -87,6 +95,7 @@ class CompressedTensorsCheckpoint:
         if ext and ext.get("name") != EXTENSION_NAME:
             raise CheckpointError(f"{p}: unknown {EXTENSION_KEY} {ext.get('name')!r}")
         self.w4a8_g128_layers = set(ext.get("layers", ()))
+        self.stored_group: dict[str, int] = {}  # prefix -> the checkpoint's group size G of a layer regrouped at g' < G
 
     def _group(self, prefix: str) -> dict:
         where = f"{self.files.path}: layer {prefix}"
@@ -173,6 +182,8 @@ class CompressedTensorsCheckpoint:
             for leaf, why in unused.items():
                 if why and f"{prefix}.{leaf}" in f:
                     raise CheckpointError(f"{f.file_of[f'{prefix}.{leaf}']}: tensor '{prefix}.{leaf}' is stored but {why}")
+            if scheme.weight_only and scheme.group_size != -1 and k % scheme.group_size:
+                scheme = self._regrouped(prefix, scheme, k, act_order)
             tensors = [f"{prefix}.{t}" for t in _LAYER_TENSORS if f"{prefix}.{t}" in f]
             specs[prefix] = LayerSpec(prefix, scheme, n, k, act_order=act_order, tensors=tensors)
         for name in f.names():  # quantized data of a layer without weight_scale would otherwise load as a plain tensor
@@ -182,6 +193,22 @@ class CompressedTensorsCheckpoint:
         for prefix in self.w4a8_g128_layers - set(specs):
             raise CheckpointError(f"{f.path}: {EXTENSION_KEY} lists layer {prefix}, which has no quantized tensors")
         return specs
+
+    def _regrouped(self, prefix: str, scheme: Scheme, k: int, act_order: bool) -> Scheme:
+        """The scheme of a weight-only layer whose group G does not divide its in_features K
+        (a partial last group): group g' = the largest group the kernels run that divides both
+        G and K, so that each stored group is exactly G / g' groups of g' (see the module doc)."""
+        g = scheme.group_size
+        where = f"{self.files.where(prefix)}: layer {prefix}: {_partial(k, g)}"
+        if act_order:
+            raise CheckpointError(f"{where}, which qfuse re-expresses only in layers without act-order (weight_g_idx)")
+        exact = next((h for h in WNA16_GROUP_SIZES if g % h == 0 and k % h == 0), None)
+        if exact is None:
+            sizes = ", ".join(str(h) for h in WNA16_GROUP_SIZES)
+            raise CheckpointError(f"{where}, and no group size qfuse's kernels run ({sizes}) divides both, "
+                                  "so the layer cannot be re-expressed exactly")
+        self.stored_group[prefix] = g
+        return make_scheme(scheme.weight_bits, 16, exact, scheme.symmetric)
 
     def _signed_codes(self, spec: LayerSpec, bits: int, where: str) -> Tensor:
         """The layer's signed codes ``q`` as int16 ``[N, K]``."""
@@ -214,7 +241,10 @@ class CompressedTensorsCheckpoint:
         n, k = spec.out_features, spec.in_features
         if s.group_size != -1 and k % s.group_size:
             raise CheckpointError(f"{where}: in_features={k} is not divisible by group_size={s.group_size}")
-        groups = 1 if s.group_size == -1 else k // s.group_size
+        stored = self.stored_group.get(p)  # a partial last group: stored with group G, run with s.group_size
+        groups = 1 if s.group_size == -1 else k // s.group_size if stored is None else -(-k // stored)
+        # where errors about the per-group tensors say why the layer has the group count it has
+        gwhere = where if stored is None else f"{where}: {_partial(k, stored)}"
         bias = optional_bias(f, p, n)
         if s.weight_only:
             bits = s.weight_bits
@@ -224,13 +254,13 @@ class CompressedTensorsCheckpoint:
                 zp = f.get(f"{p}.weight_zero_point", (torch.int32, torch.int8))
                 if zp.dtype == torch.int32:  # packed along N (compressed-tensors >= 0.9.4)
                     if zp.shape != (-(-n * bits // 32), groups):
-                        raise CheckpointError(f"{where}: weight_zero_point has shape {list(zp.shape)}, expected [{-(-n * bits // 32)}, {groups}]")
+                        raise CheckpointError(f"{gwhere}: weight_zero_point has shape {list(zp.shape)}, expected [{-(-n * bits // 32)}, {groups}]")
                     zeros = unpack_int32(zp, bits, dim=0)[:n]
                 else:  # unpacked: before 0.9.4, and per-tensor ([1]) zero points, which are never packed
                     if zp.numel() == 1 and groups == 1:
                         zp = zp.reshape(1, 1).expand(n, 1)
                     if zp.shape != (n, groups):
-                        raise CheckpointError(f"{where}: weight_zero_point has shape {list(zp.shape)}, expected [{n}, {groups}]")
+                        raise CheckpointError(f"{gwhere}: weight_zero_point has shape {list(zp.shape)}, expected [{n}, {groups}]")
                     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
                     if zp.numel() and (int(zp.min()) < lo or int(zp.max()) > hi):
                         raise CheckpointError(f"{where}: weight_zero_point values lie in [{int(zp.min())}, {int(zp.max())}], outside the {bits}-bit range [{lo}, {hi}]")
@@ -243,7 +273,11 @@ class CompressedTensorsCheckpoint:
             g_idx = f.get(f"{p}.weight_g_idx", (torch.int32, torch.int64), (k,)) if spec.act_order else None
             if g_idx is not None and g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
                 raise CheckpointError(f"{where}: weight_g_idx values must lie in [0, {groups})")
-            return wna16_linear(spec, codes, self._scale(spec, groups, where), zeros, bias, g_idx, dtype, where)
+            scale = self._scale(spec, groups, gwhere)
+            if stored is not None:  # each stored group is stored / g' groups of g' (the last cut to K)
+                repeat, run_groups = stored // s.group_size, k // s.group_size
+                scale, zeros = (None if t is None else _regroup(t, repeat, run_groups) for t in (scale, zeros))
+            return wna16_linear(spec, codes, scale, zeros, bias, g_idx, dtype, where)
         if f"{p}.weight_zero_point" in f and bool(f.get(f"{p}.weight_zero_point").any()):
             raise CheckpointError(f"{where}: weight_zero_point holds nonzero zero points, but int8-activation layers are symmetric")
         # releases before mid 2024 also stored the (all-zero) input zero point of symmetric static layers
@@ -279,6 +313,15 @@ class CompressedTensorsCheckpoint:
                 raise CheckpointError(f"{where}: input_scale: {e}") from None
             tensors["input_scale"] = x_scale
         return QuantLinear(k, n, s, tensors, None if bias is None else bias.to(dtype))
+
+
+def _partial(k: int, group_size: int) -> str:
+    return f"in_features={k} is not divisible by group_size={group_size} (a partial last group)"
+
+
+def _regroup(t: Tensor, repeat: int, groups: int) -> Tensor:
+    """Per-group values ``t`` [N, ceil(K / G)] as [N, K / g'] for g' = G / ``repeat``."""
+    return t.repeat_interleave(repeat, dim=1)[:, :groups].contiguous()
 
 
 def _factor_w4a8_g128(w_int: Tensor, where: str) -> tuple[Tensor, Tensor]:

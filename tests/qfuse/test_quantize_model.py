@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import qfuse
+from qfuse.schemes import make_scheme
 from tests.helpers import rel_err
 from tests.hf_models import ARCHS, tiny_hf_model
 
@@ -71,11 +72,11 @@ def test_ignore_patterns():
 def test_incompatible_layers_leave_model_unchanged():
     model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 96), nn.Linear(96, 8)).bfloat16()
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"cannot quantize 2 layer\(s\) with W4A16.*\n  1: in_features=64 is not divisible by group_size=128.*\n  2: in_features=96"):
-        qfuse.quantize_model(model, "W4A16", progress=False)
+    with pytest.raises(ValueError, match=r"cannot quantize 2 layer\(s\) with W4A16.*\n  1: in_features=64 is not divisible by group_size=128 of W4A16\n  2: in_features=96"):
+        qfuse.quantize_model(model, "W4A16", progress=False, group_fallback=False)
     assert all(type(m) is nn.Linear for m in model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    qfuse.quantize_model(model, "W4A16", ignore=("1", "2"), progress=False)  # what the error suggests
+    qfuse.quantize_model(model, "W4A16", ignore=("1", "2"), progress=False, group_fallback=False)  # what the error suggests
     assert isinstance(model[0], qfuse.QuantLinear)
 
 
@@ -251,3 +252,104 @@ def test_nan_or_inf_weight_named():
     with pytest.raises(ValueError, match=r"cannot quantize 2 layer\(s\) with W4A8_G128.*\n  1: weight has 1 NaN/inf value\(s\).*\n  2: weight has 2 NaN/inf"):
         qfuse.quantize_model(model, "W4A8_G128", progress=False)
     _assert_unchanged(model, types, state)
+
+
+# ----------------------------------------------------------------------------- K not a multiple of the group size
+
+# hidden 320 = 2 * 128 + 64 (as SmolLM2's 576 = 4 * 128 + 64): q/k/v/o/gate/up have K = 320,
+# down_proj K = 512; 4 heads of 80
+RAGGED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
+FALLBACK = {"W4A16": "W4A16_G64", "W4A16_ASYM": "W4A16_G64_ASYM", "W4A8_G128": "W4A8"}
+
+
+def _hidden_320(**kw):
+    return tiny_hf_model("llama", layers=2, hidden=320, intermediate=512, **kw)
+
+
+@pytest.mark.parametrize("scheme", list(FALLBACK))
+def test_group_fallback_for_in_features_not_a_multiple_of_the_group(scheme):
+    base = _hidden_320()
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = base(ids, use_cache=False).logits.float()
+    with pytest.warns(UserWarning) as record:
+        model = qfuse.quantize_model(copy.deepcopy(base), scheme, progress=False)
+    assert len(record) == 1  # one warning per call, whatever the number of layers
+    group = "per channel" if FALLBACK[scheme] == "W4A8" else "with group 64"
+    assert str(record[0].message) == (
+        f"quantize_model: 12 of 14 layer(s) have in_features not divisible by group_size=128 of {scheme} and use the largest "
+        f"group its op runs that divides them instead: 12 {group} ({FALLBACK[scheme]}, e.g. model.layers.0.self_attn.q_proj); "
+        "pass group_fallback=False to refuse these layers")
+    assert record[0].filename == __file__
+    s = qfuse.get_scheme(scheme)
+    fallback = make_scheme(s.weight_bits, s.act_bits, 64 if s.weight_only else -1, s.symmetric)
+    assert fallback.name == FALLBACK[scheme]
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, qfuse.QuantLinear)}
+    assert len(layers) == 14
+    for name, layer in layers.items():
+        want = fallback if name.rpartition(".")[2] in RAGGED else s
+        assert layer.scheme == want, name
+        if want.weight_only:
+            assert layer.scales.shape == (layer.out_features, layer.in_features // want.group_size), name
+        elif want.group_size == -1:
+            assert layer.group_scale is None, name
+    with torch.inference_mode():
+        out = model(ids, use_cache=False).logits.float()
+    assert rel_err(out, ref) < MAX_REL_ERR[scheme], f"{scheme}: {rel_err(out, ref):.4f}"
+
+    # a meta skeleton takes the same per-layer schemes and buffer shapes
+    with torch.device("meta"):
+        skeleton = _hidden_320()
+    with pytest.warns(UserWarning, match="12 of 14 layer"):
+        skeleton = qfuse.quantize_model(skeleton, scheme, progress=False)
+    layout = lambda m: [(n, tuple(b.shape), b.dtype) for n, b in m.named_buffers()]  # noqa: E731
+    assert layout(skeleton) == layout(model)
+
+    # opted out: the layers are refused, as before the fallback
+    again = copy.deepcopy(base)
+    types, state = _module_types(again), copy.deepcopy(again.state_dict())
+    refused = (rf"cannot quantize 12 layer\(s\) with {scheme} .*\n"
+               rf"  model.layers.0.self_attn.q_proj: in_features=320 is not divisible by group_size=128 of {scheme}\n")
+    with pytest.raises(ValueError, match=refused):
+        qfuse.quantize_model(again, scheme, progress=False, group_fallback=False)
+    _assert_unchanged(again, types, state)
+
+
+def test_group_fallback_picks_the_largest_group_dividing_k():
+    # K = 192 = 128 + 64 -> 64; K = 64 -> 64; K = 96 and 160 -> 32; K = 256 keeps 128
+    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(64, 96), nn.Linear(96, 160), nn.Linear(160, 256), nn.Linear(256, 8)).bfloat16()
+    x = torch.randn(3, 192).bfloat16()
+    with torch.no_grad():
+        ref = model(x)
+    with pytest.warns(UserWarning) as record:
+        qfuse.quantize_model(model, "W4A16_ASYM", progress=False)
+    assert len(record) == 1
+    assert ("4 of 5 layer(s) have in_features not divisible by group_size=128 of W4A16_ASYM" in str(record[0].message)
+            and ": 2 with group 64 (W4A16_G64_ASYM, e.g. 0), 2 with group 32 (W4A16_G32_ASYM, e.g. 2);" in str(record[0].message))
+    assert [m.scheme.name for m in model] == ["W4A16_G64_ASYM", "W4A16_G64_ASYM", "W4A16_G32_ASYM", "W4A16_G32_ASYM", "W4A16_ASYM"]
+    assert [m.scheme.group_size for m in model] == [64, 64, 32, 32, 128]
+    with torch.no_grad():
+        assert rel_err(model(x), ref) < 0.2
+    # a scheme of group 64 falls back to 32 only
+    with pytest.warns(UserWarning, match=r"1 of 1 layer\(s\) .* group_size=64 of W4A16_G64 .*: 1 with group 32 \(W4A16_G32, e.g. model\)"):
+        q = qfuse.quantize_model(nn.Linear(96, 8).bfloat16(), make_scheme(4, 16, 64), progress=False)
+    assert q.scheme.name == "W4A16_G32"
+
+
+def test_no_group_dividing_k_still_raises_and_leaves_model_unchanged(recwarn):
+    # K = 80 and 48: no group of 128, 64 or 32 divides them; K = 77 is odd (4-bit); K = 192 could fall back
+    model = nn.Sequential(nn.Linear(192, 80), nn.Linear(80, 48), nn.Linear(48, 77), nn.Linear(77, 8)).bfloat16()
+    types, state = _module_types(model), copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"cannot quantize 3 layer\(s\) with W4A16 .*\n"
+                       r"  1: in_features=80 is not divisible by group_size=128 of W4A16, nor by a smaller group size wna16_gemm runs \(64, 32\)\n"
+                       r"  2: in_features=48 is not divisible .*\(64, 32\)\n  3: in_features=77 must be even for 4-bit weights\n"):
+        qfuse.quantize_model(model, "W4A16", progress=False)
+    _assert_unchanged(model, types, state)
+    assert not recwarn.list  # nothing fell back: the call raised before
+    # W4A8_G128 runs per channel where 128 does not divide K; an odd K is still refused
+    with pytest.raises(ValueError, match=r"cannot quantize 1 layer\(s\) with W4A8_G128 .*\n  3: in_features=77 must be even"):
+        qfuse.quantize_model(model, "W4A8_G128", progress=False)
+    _assert_unchanged(model, types, state)
+    with pytest.warns(UserWarning, match=r"3 of 3 layer\(s\) .*: 3 per channel \(W4A8, e.g. 0\)"):
+        qfuse.quantize_model(model, "W4A8_G128", ignore="3", progress=False)
+    assert [m.scheme.name for m in model[:3]] == ["W4A8", "W4A8", "W4A8"]
