@@ -11,9 +11,7 @@ each quantized layer straight into the qfuse layout.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -159,25 +157,16 @@ def load_quantized(
     aliases = _aliases(model)
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     for prefix, layer in built.items():
-        parent, _, child = prefix.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer)
+        model.set_submodule(prefix, layer)
     for name, t in plain.items():
         value = nn.Parameter(t, requires_grad=False) if name in params else t
         for alias in aliases.get(name, [name]):
             _set_tensor(model, alias, value)
     _rebuild_meta_buffers(model, getattr(model, "config", None))
     for name, mod in list(model.named_modules()):
-        if is_convertible_rmsnorm(mod):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, RMSNorm.from_module(mod))
+        if name and is_convertible_rmsnorm(mod):
+            model.set_submodule(name, RMSNorm.from_module(mod))
     return model.eval()
-
-
-@contextlib.contextmanager
-def _skeleton() -> Iterator[None]:
-    """Build modules with parameters *and* buffers on the meta device (no memory, no init)."""
-    with torch.device("meta"):
-        yield
 
 
 def _rebuild_meta_buffers(model: nn.Module, config) -> None:
@@ -220,7 +209,7 @@ def from_pretrained(
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the layers are qfuse's; transformers must not quantize anything
-    with _skeleton():
+    with torch.device("meta"):  # parameters and buffers: no memory, no init
         model = transformers.AutoModelForCausalLM.from_config(config)
     _rebuild_meta_buffers(model, config)
     return load_quantized(path, model, dtype=dtype, device=device, progress=progress)
