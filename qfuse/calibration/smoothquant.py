@@ -27,6 +27,24 @@ from tqdm.auto import tqdm
 _MIN = 1e-5
 
 
+@dataclass(frozen=True)
+class SmoothQuant:
+    """The SmoothQuant step of a calibration recipe (``quantize_model(..., calibration=...)``):
+    ``alpha`` is the migration strength."""
+
+    alpha: float = 0.5
+
+    def __post_init__(self):
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"SmoothQuant: alpha must lie in [0, 1], got {self.alpha}")
+
+
+def smoothquant_scales(act_absmax: Tensor, weights: list[Tensor], alpha: float) -> Tensor:
+    """``s`` [K] (float32) from the per-channel activation max and the Linears' weights [N_f, K]."""
+    w_max = torch.stack([w.abs().amax(dim=0).float() for w in weights]).amax(dim=0)
+    return (act_absmax.to(w_max.device).float().pow(alpha) / w_max.clamp(min=_MIN).pow(1 - alpha)).clamp(min=_MIN)
+
+
 @dataclass
 class SmoothMapping:
     """One norm and the Linears it feeds (names relative to the model)."""
@@ -99,8 +117,7 @@ def smooth_model(
             raise ValueError(f"smooth_model: {first[m.norm]} saw no activations during calibration")
         norm = model.get_submodule(m.norm)
         linears = [model.get_submodule(n) for n in m.linears]
-        w_max = torch.stack([lin.weight.abs().amax(dim=0).float() for lin in linears]).amax(dim=0)
-        s = (act[first[m.norm]].to(w_max.device).pow(alpha) / w_max.clamp(min=_MIN).pow(1 - alpha)).clamp(min=_MIN)
+        s = smoothquant_scales(act[first[m.norm]], [lin.weight for lin in linears], alpha)
         # in float32, rounded once to the weights' dtype
         norm.weight.copy_(norm.weight.float() / s)
         for lin in linears:
