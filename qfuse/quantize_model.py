@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import warnings
 from collections import Counter
@@ -11,6 +12,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .calibration.fake_quant import FakeQuantLinear, fake_quant_linear
+from .calibration.grid import WeightGrid
+from .calibration.pipeline import LayerCalibrator
+from .calibration.recipe import check_recipe, parse_recipe
 from .linear import QuantLinear, check_quantizable
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
 from .schemes import Scheme, get_scheme, make_scheme, op_group_sizes
@@ -73,7 +78,7 @@ def _warn_unmatched(patterns: tuple[str, ...], names: list[str]) -> None:
                 "(an entry matches a layer's full name, its last name component, or its full name as a glob, "
                 "e.g. 'model.layers.0.*')",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
 
@@ -130,7 +135,7 @@ def _layer_schemes(linears: list[tuple[str, nn.Module]], scheme: Scheme, group_f
     return out
 
 
-def _warn_fallbacks(linears: list[tuple[str, nn.Module]], schemes: dict[str, Scheme], scheme: Scheme) -> None:
+def _warn_fallbacks(linears: list[tuple[str, nn.Module]], schemes: dict[str, Scheme], scheme: Scheme, stacklevel: int = 3) -> None:
     """One warning for every layer that runs a smaller group (or per channel) than ``scheme``."""
     moved = [(name, schemes[name]) for name, _ in linears if schemes[name] is not scheme]
     if not moved:
@@ -147,7 +152,7 @@ def _warn_fallbacks(linears: list[tuple[str, nn.Module]], schemes: dict[str, Sch
         f"of {scheme.name} and use the largest group its op runs that divides them instead: {', '.join(parts)}; "
         "pass group_fallback=False to refuse these layers",
         UserWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 
@@ -201,20 +206,60 @@ def _build_replacements(linears: list, norms: list, scheme: Scheme, schemes: dic
     return new
 
 
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
 def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.Module:
     for name, new in replacements:
         if not name:
             # The model is itself an nn.Linear (a leaf, so the only replacement): there is
             # no parent to swap it into, the new module is the result.
             return new
-        _set_submodule(model, name, new)
+        model.set_submodule(name, new)
     return model
+
+
+def _check_calibration(steps: list, scheme: Scheme, data, calibration) -> None:
+    """Calibration steps need data; data needs a step (or a static scheme) to use it."""
+    check_recipe(steps, scheme)
+    if (steps or scheme.static_act) and data is None:
+        need = f"calibration={calibration!r}" if steps else f"{scheme.name} (static activation scales)"
+        raise ValueError(f"{need} needs calibration_data: token ids [B, T] or a list of them "
+                         "(e.g. qfuse.calibration.calibration_batches(tokenizer))")
+    if data is not None and not steps and not scheme.static_act:
+        raise ValueError(f"calibration_data was given but nothing uses it: {scheme.name} with calibration=None rounds to nearest "
+                         "(pass calibration='gptq', 'awq', 'sq', ... or drop calibration_data)")
+
+
+def _fake_quant_replacements(model: nn.Module, linears: list, schemes: dict[str, Scheme], steps: list, data,
+                             progress: bool) -> list[tuple[str, nn.Module]]:
+    """FakeQuantLinears: the calibration's own (the pipeline leaves them in the decoder layers),
+    round to nearest for the rest."""
+    if data is not None:
+        LayerCalibrator(steps, schemes).run(model, data, progress)
+    new = []
+    for name, mod in linears:
+        if isinstance(mod, nn.Linear) and not isinstance(model.get_submodule(name) if name else model, FakeQuantLinear):
+            grid = WeightGrid(schemes[name], mod.in_features, mod.weight.dtype)
+            new.append((name, fake_quant_linear(schemes[name], grid, grid.rtn(mod.weight.detach().float()), mod.bias, mod.weight.dtype)))
+    return new
+
+
+def _calibrated_replacements(model: nn.Module, linears: list, scheme: Scheme, schemes: dict[str, Scheme], steps: list, data,
+                             progress: bool, results: dict | None = None) -> list[tuple[str, nn.Module]]:
+    """QuantLinears from the layer-by-layer calibration (run here unless its ``results`` are
+    given); Linears outside the decoder layers round to nearest."""
+    if results is None:
+        results = LayerCalibrator(steps, schemes).run(model, data, progress)
+    new = []
+    for name, mod in linears:
+        r = results.get(name)
+        if r is None:
+            if schemes[name].static_act:
+                raise ValueError(f"{_label(name)}: {scheme.name} needs a calibrated activation scale, and calibration runs inside "
+                                 "the decoder layers only: pass this layer in ignore=...")
+            new.append((name, QuantLinear.from_linear(mod, schemes[name])))
+        else:
+            n, k = r.w_hat.shape
+            new.append((name, QuantLinear(k, n, r.scheme, r.tensors, r.bias, r.act_perm)))
+    return new
 
 
 def quantize_model(
@@ -224,6 +269,9 @@ def quantize_model(
     ignore: str | Iterable[str] | None = None,
     progress: bool = True,
     group_fallback: bool = True,
+    calibration=None,
+    calibration_data=None,
+    fake_quant: bool = False,
 ) -> nn.Module:
     """Quantize ``model`` in place with ``scheme`` and return it.
 
@@ -248,12 +296,60 @@ def quantize_model(
     when no ``nn.Linear`` is left to quantize, and when the model already contains
     ``QuantLinear`` layers (no requantization: start from the float model).
 
+    ``calibration``: a recipe of :class:`qfuse.calibration.SmoothQuant`, :class:`~qfuse.calibration.AWQ`
+    and :class:`~qfuse.calibration.GPTQ` steps (one, a list, or their names joined by ``+``:
+    ``"gptq"``, ``"sq+gptq"``, ``"awq+gptq"``), run decoder layer by decoder layer on
+    ``calibration_data`` (token ids ``[B, T]`` or a list of such batches, e.g.
+    :func:`qfuse.calibration.calibration_batches`) before the Linears are replaced. The static
+    scheme ``W8A8_STATIC`` needs ``calibration_data`` too (its activation scales). Calibration
+    changes the model as it goes (the smoothing and scaling are folded into the norms): an error
+    part-way leaves it partly calibrated, so start again from the float model.
+
+    ``fake_quant=True`` returns the quantization as the algorithm itself simulates it instead:
+    each Linear becomes a :class:`qfuse.calibration.FakeQuantLinear` holding the algorithm's
+    float32 weight ``(c - z) * s`` and quantizing activations with the ops' reference formula,
+    in plain torch, and the norms stay as they are. Its outputs match the ``QuantLinear`` model
+    of the same call (tests/qfuse/calibration): a check that packing and the ops compute what
+    the algorithm optimized.
+
     A model on the meta device gives a skeleton with meta buffers of the real shapes
     and dtypes, to be filled by ``load_state_dict(state_dict, assign=True)``.
 
     A bare ``nn.Linear`` cannot be changed in place: the returned ``QuantLinear``
     replaces it, so use the return value.
     """
+    linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)
+    scheme = get_scheme(scheme)
+    if fake_quant:
+        return _swap_in(model, _fake_quant_replacements(model, linears, schemes, steps, calibration_data, progress))
+    if calibration_data is None:
+        return _swap_in(model, _build_replacements(linears, norms, scheme, schemes, progress))
+    new = _calibrated_replacements(model, linears, scheme, schemes, steps, calibration_data, progress)
+    return _swap_in(model, new + [(name, RMSNorm.from_module(mod)) for name, mod in norms])
+
+
+def quantize_with_simulation(model: nn.Module, scheme: Scheme | str, *, ignore=None, progress: bool = True, group_fallback: bool = True,
+                             calibration=None, calibration_data=None) -> tuple[nn.Module, nn.Module]:
+    """``(quantize_model(model, ...), quantize_model(copy, ..., fake_quant=True))`` from one
+    calibration run: the kernels' model and the algorithm's simulation of exactly the same codes."""
+    linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)
+    scheme = get_scheme(scheme)
+    if calibration_data is None:
+        simulation = copy.deepcopy(model)
+        sim_linears = [(n, simulation.get_submodule(n) if n else simulation) for n, _ in linears]
+        simulation = _swap_in(simulation, _fake_quant_replacements(simulation, sim_linears, schemes, steps, None, progress))
+        return _swap_in(model, _build_replacements(linears, norms, scheme, schemes, progress)), simulation
+    results = LayerCalibrator(steps, schemes).run(model, calibration_data, progress)
+    simulation = copy.deepcopy(model)  # the decoder layers hold the calibration's FakeQuantLinears now
+    sim_linears = [(n, simulation.get_submodule(n)) for n, _ in linears]
+    simulation = _swap_in(simulation, _fake_quant_replacements(simulation, sim_linears, schemes, steps, None, progress))
+    new = _calibrated_replacements(model, linears, scheme, schemes, steps, calibration_data, progress, results)
+    return _swap_in(model, new + [(name, RMSNorm.from_module(mod)) for name, mod in norms]), simulation
+
+
+def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data):
+    """Every check of quantize_model, before anything changes: the Linears and norms to convert,
+    each Linear's scheme, the calibration steps."""
     scheme = get_scheme(scheme)
     patterns = _ignore_patterns(ignore)
     _refuse_quantized(model)
@@ -266,5 +362,7 @@ def quantize_model(
     _refuse_nothing_to_quantize(model, linears, candidates, patterns)
     schemes = _layer_schemes(linears, scheme, group_fallback)
     _check_all(linears + norms, scheme, schemes, group_fallback)
-    _warn_fallbacks(linears, schemes, scheme)
-    return _swap_in(model, _build_replacements(linears, norms, scheme, schemes, progress))
+    steps = parse_recipe(calibration)
+    _check_calibration(steps, scheme, calibration_data, calibration)
+    _warn_fallbacks(linears, schemes, scheme, stacklevel=4)
+    return linears, norms, schemes, steps

@@ -149,11 +149,11 @@ CT_CASES = {
     "W8A16_channel": ({"group_0": (LINEAR, CHANNEL8, None)}, "W8A16"),
     "W4A16_channel": ({"group_0": (LINEAR, dict(num_bits=4, symmetric=True, strategy="channel"), None)}, "W4A16_CH"),
     "W8A8_dynamic_token": ({"group_0": (LINEAR, CHANNEL8, TOKEN_DYNAMIC)}, "W8A8"),
-    "W8A8_channel_weights_static": ({"group_0": (LINEAR, CHANNEL8, TENSOR_STATIC)}, "W8A8_CH_STATIC"),
+    "W8A8_channel_weights_static": ({"group_0": (LINEAR, CHANNEL8, TENSOR_STATIC)}, "W8A8_STATIC"),
     "W4A16_actorder_group": ({"group_0": (LINEAR, G128_SYM, None)}, "W4A16"),
     # actorder "weight" (0.20's replacement) only reorders during calibration: no g_idx
     "W4A16_actorder_weight": ({"group_0": (LINEAR, dict(G128_SYM, actorder="weight"), None)}, "W4A16"),
-    "W8A8_tensor_weights_static": ({"group_0": (LINEAR, dict(CHANNEL8, strategy="tensor"), TENSOR_STATIC)}, "W8A8_CH_STATIC"),
+    "W8A8_tensor_weights_static": ({"group_0": (LINEAR, dict(CHANNEL8, strategy="tensor"), TENSOR_STATIC)}, "W8A8_STATIC"),
     # one zero point per layer (stored unpacked): qfuse drops one that is 0 (the symmetric path computes the same)
     "W4A16_tensor_asym": ({"group_0": (LINEAR, dict(num_bits=4, symmetric=False, strategy="tensor"), None)},
                           ("W4A16_CH_ASYM", "W4A16_CH")),
@@ -401,7 +401,7 @@ def test_zero_points_of_symmetric_int8_layers_from_older_releases(ct_checkpoints
         (d / "config.json").write_text((ck["path"] / "config.json").read_text())
         if zp == 0:
             q = qfuse.from_pretrained(d, progress=False)
-            _assert_matches_ct_reference(q, ck, "W8A8_CH_STATIC")
+            _assert_matches_ct_reference(q, ck, "W8A8_STATIC")
         else:
             with pytest.raises(qfuse.CheckpointError, match="up_proj: input_zero_point is not zero"):
                 qfuse.from_pretrained(d, progress=False)
