@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import time
 from pathlib import Path
 
 import torch
 
+from ..calibration import recipe_name
 from ..checkpoint import save_quantized
 from ..quantize_model import quantize_model
-from ..schemes import SCHEMES, get_scheme
+from ..schemes import CALIBRATED_SCHEMES, SCHEMES, get_scheme
 from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes, linear_weight_bytes, load_builtin
 
 
@@ -20,12 +22,42 @@ def add_parser(sub) -> None:
     p = sub.add_parser("quantize", help="quantize a local Hugging Face model directory and save it (compressed-tensors)")
     p.add_argument("model", type=Path, help="directory with config.json and float safetensors weights, or a built-in model: "
                    + ", ".join(BUILTIN_MODELS))
-    p.add_argument("--scheme", required=True, help="one of " + ", ".join(SCHEMES))
+    p.add_argument("--scheme", required=True, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--ignore", nargs="*", default=None, help="layers to keep in floating point (default: lm_head)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default=None, help="activation dtype (default: the model's, else bfloat16)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
+    p.add_argument("--calibration", default=None, help="recipe: rtn (default), sq, awq, gptq or steps joined by '+' (sq+gptq, awq+gptq)")
+    p.add_argument("--calibration-samples", type=int, default=128,
+                   help="calibration windows of 512 tokens from qfuse.calibration.calibration_text (default 128)")
     p.set_defaults(run=run)
+
+
+def _calibration(args: argparse.Namespace, scheme, tokenizer):
+    """The parsed recipe and its calibration batches (None without calibration)."""
+    import transformers
+
+    from ..calibration import calibration_batches, parse_recipe
+
+    try:
+        steps = parse_recipe(args.calibration)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"qfuse quantize: {e}") from None
+    if not steps and not scheme.static_act:
+        return steps, None
+    if args.calibration_samples < 1:
+        raise SystemExit("qfuse quantize: --calibration-samples must be >= 1")
+    if tokenizer is None:
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"qfuse quantize: calibration needs the model's tokenizer ({e})") from None
+    try:
+        data = calibration_batches(tokenizer, args.calibration_samples, 512)
+    except ValueError as e:
+        raise SystemExit(f"qfuse quantize: {e}") from None
+    print(f"calibration: {data.shape[0]} windows of 512 tokens from qfuse.calibration.calibration_text")
+    return steps, list(data.split(8))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype) if args.dtype else (model.dtype if model.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
         model = model.to(dtype).eval()
     before, other = linear_weight_bytes(model)
-    quantize_model(model, scheme, ignore=args.ignore)
+    steps, data = _calibration(args, scheme, tokenizer)
+    t0 = time.perf_counter()
+    try:
+        quantize_model(model, scheme, ignore=args.ignore, calibration=steps, calibration_data=data)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"qfuse quantize: {e}") from None
+    if data is not None:
+        print(f"calibrated ({recipe_name(steps)}) and quantized in {time.perf_counter() - t0:.1f} s")
     after, _ = linear_weight_bytes(model)
     print(f"linear weights: {human_bytes(before)} {str(dtype).removeprefix('torch.')} -> {human_bytes(after)} {scheme.name} "
           f"({before / max(after, 1):.2f}x smaller); other tensors {human_bytes(other)}")

