@@ -1,0 +1,40 @@
+"""Calibration recipes: names and step objects in, steps in running order out."""
+
+import pytest
+
+from qfuse.calibration import GPTQ, SmoothQuant, parse_recipe, recipe_name
+from qfuse.calibration.recipe import check_recipe
+from qfuse.schemes import SCHEMES
+
+
+@pytest.mark.parametrize(("recipe", "name"), [(None, "rtn"), ("rtn", "rtn"), ("gptq", "gptq"), ("GPTQ + SQ", "sq+gptq"),
+                                              ("gptq+awq", "awq+gptq"), ("smoothquant+gptq", "sq+gptq"), ("rtn+awq", "awq")])
+def test_names_parse_into_steps_in_running_order(recipe, name):
+    """Names are case- and space-insensitive, "rtn" adds nothing, and steps always run SmoothQuant, AWQ, GPTQ."""
+    assert recipe_name(parse_recipe(recipe)) == name
+
+
+def test_step_objects_keep_their_options():
+    """A step object, alone or in a list, is used as given (its options kept), reordered like names."""
+    gptq = GPTQ(act_order="group", damp=0.05)
+    assert parse_recipe(gptq) == [gptq]
+    steps = parse_recipe([gptq, "sq"])
+    assert steps[0] == SmoothQuant() and steps[1] is gptq
+
+
+@pytest.mark.parametrize(("recipe", "error", "match"), [("foo", ValueError, "unknown calibration step 'foo'"),
+                                                        ("gptq+GPTQ", ValueError, "each step may appear once"),
+                                                        (["sq", SmoothQuant(alpha=0.8)], ValueError, "each step may appear once"),
+                                                        ([3], TypeError, "calibration steps are")])
+def test_bad_recipes(recipe, error, match):
+    """Unknown names, repeated steps and objects that are no step are refused."""
+    with pytest.raises(error, match=match):
+        parse_recipe(recipe)
+
+
+def test_smoothquant_only_for_int8_activations():
+    """check_recipe refuses SmoothQuant for a weight-only scheme and lets AWQ / GPTQ through."""
+    check_recipe(parse_recipe("sq+gptq"), SCHEMES["W8A8"])
+    check_recipe(parse_recipe("awq+gptq"), SCHEMES["W4A16"])
+    with pytest.raises(ValueError, match="SmoothQuant helps int8 activation"):
+        check_recipe(parse_recipe("sq"), SCHEMES["W4A16"])
