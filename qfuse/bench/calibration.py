@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from ._device import require_cuda
+
 SHAPES = {  # hidden, intermediate, heads, kv heads, layers of the full model, vocab
     "llama3-8b": (4096, 14336, 32, 8, 32, 128256),
     "smollm2-135m": (576, 1536, 9, 3, 30, 49152),
@@ -51,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--batch", type=int, default=8, help="windows per calibration forward")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu: the CPU times one layer slowly, not a GPU stand-in")
     p.add_argument("--out", type=Path, default=Path("calibration_time.csv"))
     args = p.parse_args(argv)
+    if args.device.startswith("cuda"):
+        require_cuda("calibration")
     base = _model(args.shape, args.layers, args.device)
     vocab = SHAPES[args.shape][5]
     ids = torch.randint(0, vocab, (args.samples, args.window), generator=torch.Generator().manual_seed(0)).to(args.device)
