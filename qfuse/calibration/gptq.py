@@ -42,11 +42,13 @@ ACT_ORDERS = (None, "weight", "group")
 class GPTQ:
     """The GPTQ step of a calibration recipe: ``damp`` is the fraction of the mean Hessian
     diagonal added to it (1 % as in the paper), ``block_size`` the columns updated together,
-    ``act_order`` one of None, ``"weight"``, ``"group"`` (see the module docstring)."""
+    ``act_order`` one of None, ``"weight"``, ``"group"`` (see the module docstring), ``mse``
+    whether group ranges are searched (recipe name ``gptq-mse``)."""
 
     damp: float = 0.01
     block_size: int = 128
     act_order: str | None = "weight"
+    mse: bool = False  # fit each group's range by minimizing its rounding error (WeightGrid.fit), not from its max
 
     def __post_init__(self):
         if not 0.0 < self.damp <= 1.0:
@@ -97,6 +99,7 @@ def gptq_quantize(w: Tensor, hessian: Tensor, grid: WeightGrid, config: GPTQ = G
     w = w.float().clone()
     n, k = w.shape
     h = hessian.float().clone()
+    grid.mse = config.mse
     grid.prepare(w)
     dead = h.diagonal() == 0  # inputs that were always 0: their weights cannot matter
     h[dead, dead] = 1.0

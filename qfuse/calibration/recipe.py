@@ -13,7 +13,7 @@ from .awq import AWQ
 from .gptq import GPTQ
 from .smoothquant import SmoothQuant
 
-STEPS = {"sq": SmoothQuant, "smoothquant": SmoothQuant, "awq": AWQ, "gptq": GPTQ}
+STEPS = {"sq": SmoothQuant, "smoothquant": SmoothQuant, "awq": AWQ, "gptq": GPTQ, "gptq-mse": lambda: GPTQ(mse=True)}
 _ORDER = (SmoothQuant, AWQ, GPTQ)
 
 
@@ -44,7 +44,7 @@ def parse_recipe(calibration) -> list:
 def recipe_name(steps: list) -> str:
     """``"rtn"``, ``"sq"``, ``"awq+gptq"``, ...: the short name of a parsed recipe."""
     short = {SmoothQuant: "sq", AWQ: "awq", GPTQ: "gptq"}
-    return "+".join(short[type(s)] for s in steps) or "rtn"
+    return "+".join(short[type(s)] + ("-mse" if getattr(s, "mse", False) else "") for s in steps) or "rtn"
 
 
 def check_recipe(steps: list, scheme: Scheme) -> None:

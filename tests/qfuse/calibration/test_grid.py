@@ -138,3 +138,19 @@ def test_group_must_divide_k_and_two_level_needs_prepare():
     grid = WeightGrid(SCHEMES["W4A8_G128"], K, torch.bfloat16)
     with pytest.raises(RuntimeError, match="prepare"):
         grid.fit(torch.randn(N, 128))
+
+
+@pytest.mark.parametrize("scheme", [SCHEMES["W4A16"], SCHEMES["W4A16_ASYM"], SCHEMES["W4A8"], SCHEMES["W8A8"]], ids=lambda s: s.name)
+def test_mse_fit_never_rounds_a_row_worse(scheme):
+    """WeightGrid.mse (GPTQ(mse=True)): each row's range is the shrink factor that minimizes its
+    sum |w_hat - w|^2.4; 1 is a candidate, so no row is worse than the max-based fit, and on
+    heavy-tailed 4-bit weights the total falls (measured 0.90-0.96; 8-bit steps are too fine to
+    gain: 1.00)."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(N, K, generator=gen) / torch.randn(N, K, 2, generator=gen).pow(2).mean(-1).sqrt()  # Student-t, 2 dof
+    plain, searched = WeightGrid(scheme, K, torch.bfloat16), WeightGrid(scheme, K, torch.bfloat16)
+    searched.mse = True
+    err = [(g.fake_quantize(w) - w).abs().pow(2.4).sum(1) for g in (plain, searched)]
+    assert (err[1] <= err[0] * (1 + 1e-6)).all()
+    if scheme.weight_bits == 4:
+        assert err[1].sum() < 0.99 * err[0].sum()

@@ -38,3 +38,10 @@ def test_smoothquant_only_for_int8_activations():
     check_recipe(parse_recipe("awq+gptq"), SCHEMES["W4A16"])
     with pytest.raises(ValueError, match="SmoothQuant helps int8 activation"):
         check_recipe(parse_recipe("sq"), SCHEMES["W4A16"])
+
+
+def test_gptq_mse_is_a_named_step():
+    """'gptq-mse' is GPTQ(mse=True) and keeps its name through recipe_name."""
+    steps = parse_recipe("sq+gptq-mse")
+    assert steps[1] == GPTQ(mse=True)
+    assert recipe_name(steps) == "sq+gptq-mse"
