@@ -79,7 +79,7 @@ from ._zeroed_workspace import zeroed_int32
 def _int8_gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
     M, N, K, K_HALF,
-    W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr, GS_PARTIAL: tl.constexpr,
+    W4: tl.constexpr, GROUPED: tl.constexpr, GROUP_SIZE: tl.constexpr, UNPACK_ASM: tl.constexpr, GS_PARTIAL: tl.constexpr,
     X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
@@ -117,7 +117,7 @@ def _int8_gemm_kernel(
     else:
         w_ptrs = w_ptr + rows_n[:, None].to(tl.int64) * K + (k_begin + offs_k)[None, :]
     if GROUPED:
-        gs_rows = gs_ptr + rows_n.to(tl.int64) * (K // 128)
+        gs_rows = gs_ptr + rows_n.to(tl.int64) * (K // GROUP_SIZE)
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
     for k0 in range(k_begin, k_end, BLOCK_K):
@@ -131,8 +131,8 @@ def _int8_gemm_kernel(
             else:
                 p = tl.load(w_ptrs, mask=(k0 // 2 + offs_kp)[None, :] < K_HALF, other=0)
             w = unpack_w4(p, 1, UNPACK_ASM, False)  # not the folded group-scale PTX: see unpack_w4
-            if GROUPED and not GS_PARTIAL:  # BLOCK_K divides 128, so the whole tile lies in group k0 // 128
-                w = w * tl.load(gs_rows + k0 // 128)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
+            if GROUPED and not GS_PARTIAL:  # BLOCK_K divides the group, so the whole tile lies in one group
+                w = w * tl.load(gs_rows + k0 // GROUP_SIZE)[:, None]  # |q * gs| <= 8 * 16 = 128: exact in int8
             w_ptrs += BLOCK_K // 2
         else:
             if EVEN_K:
@@ -145,7 +145,7 @@ def _int8_gemm_kernel(
             # multiplies per tile instead of BLOCK_N x BLOCK_K int8 ones; |partial| <= 2**14 * 64
             # ... and the sum is the same integer as with w_int = q * gs (associativity)
             part = tl.dot(w, xt, out_dtype=tl.int32)
-            acc += part * tl.load(gs_rows + k0 // 128).to(tl.int32)[:, None]
+            acc += part * tl.load(gs_rows + k0 // GROUP_SIZE).to(tl.int32)[:, None]
         else:
             acc = tl.dot(w, xt, acc, out_dtype=tl.int32)
         x_ptrs += BLOCK_K
@@ -347,7 +347,7 @@ def candidate_configs(m: int, n: int, k: int, group_size: int, sms: int, w4_asm:
 
     asm = [dict(c, UNPACK_ASM=1) for c in base]
     # after the tile configs: the int32-partial group scale (group 128, M <= 64) and the CUDA-core GEMV (M <= 8)
-    partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size == 128 and m <= 64]
+    partial = [dict(c, GS_PARTIAL=1) for c in asm if group_size != -1 and m <= 64]
     # M > 64: int4 -> int8 weight pass (ops/w4a8_int8_weight.py), then the W8A8 kernel's configs
     w8 = [dict(c, KERNEL="w8") for c in _tile_configs(m, n, k, -1, sms) + tma_configs(m, k)] if m > 64 and k % 8 == 0 else []
     tma = [dict(c, UNPACK_ASM=1) for c in tma_configs(m, k, group_size, w4=True)]  # M > 64: unpack into the B operand
@@ -365,9 +365,12 @@ def _tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dic
     """Configs to try for one problem, heuristic choice first (used when tuning is off).
 
     Token tile BLOCK_M by M; weight tile BLOCK_N x BLOCK_K sized for wgmma (64/128 rows);
-    BLOCK_K <= 128 with group 128 so one tile reads one group's scales. The split count
+    BLOCK_K <= the group (128, 64 or 32) so one tile reads one group's scales. The split count
     is a launch-grid size, not a compile-time constant, so split variants cost no compile.
     """
+    if group_size not in (-1, 128):  # groups of 64 / 32 (layers whose K 128 does not divide): the same tiles, shallower
+        deeper = _tile_configs(m, n, k, 128, sms)
+        return list({str(c): c for c in (dict(c, BLOCK_K=min(c["BLOCK_K"], group_size)) for c in deeper)}.values())
     kmax = 128 if group_size == 128 else 256
     if m <= 16:
         out = []
@@ -408,7 +411,7 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     """
     from .int8_gemm_tma import tma_supported
 
-    if not tma_supported(k, w4) or (w4 and m <= 64):
+    if not tma_supported(k, w4) or (w4 and (m <= 64 or group_size not in (-1, 128))):  # its W4 form reads groups of 128
         return []
     # persistent variants only where the sm_90 compile keeps the loop in registers (triton 3.7.1:
     # the tile loop made e.g. 128 x 256 x 128 and 128 x 128 x 128 / 4 warps spill 320 B of stack)
@@ -482,7 +485,8 @@ def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         xq, xs, w, w_scale, group_scale if group_scale is not None else w_scale,
         bias if bias is not None else w_scale, out, acc_ws, counts,
         m, n, k, k // 2,
-        W4=w4, GROUPED=group_scale is not None, UNPACK_ASM=unpack_asm, GS_PARTIAL=gs_partial,
+        W4=w4, GROUPED=group_scale is not None, GROUP_SIZE=k // group_scale.shape[1] if group_scale is not None else 1,
+        UNPACK_ASM=unpack_asm, GS_PARTIAL=gs_partial,
         X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
         W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
         HAS_BIAS=bias is not None,

@@ -109,8 +109,9 @@ def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: d
     if not tma_supported(k, w4):
         raise ValueError(f"int8 TMA kernel: K={k} is not a multiple of {32 if w4 else 16} (TMA row strides)")
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    if group_scale is not None and 128 % bk:
-        raise ValueError(f"int8 TMA kernel: BLOCK_K={bk} must divide the group size 128")
+    if group_scale is not None and (group_scale.shape[1] * 128 != k or 128 % bk):
+        raise ValueError(f"int8 TMA kernel: W4A8 runs group 128 with BLOCK_K dividing it, got K={k} with "
+                         f"{group_scale.shape[1]} groups and BLOCK_K={bk}")
     xq, w = tma_aligned(xq.contiguous()), tma_aligned(w)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # PROGRAMS (tests) pins the grid; PERSISTENT: that many programs per SM; else one per tile

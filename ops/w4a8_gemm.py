@@ -7,10 +7,10 @@ Arguments::
     qweight      uint8   [N, K // 2]   int4 codes u in [0, 15], two per byte (low nibble =
                                        even k, see int4_packing.py); the weight code is q = u - 8
     w_scale      float32 [N] (per-channel) or [1]
-    group_scale  int8    [N, K // 128] second-level integer scales in [1, 16] (group_size=128),
-                                       or None (group_size=-1, per-channel)
+    group_scale  int8    [N, K // G]   second-level integer scales in [1, 16] (group_size G =
+                                       128, 64 or 32), or None (group_size=-1, per-channel)
     bias         [N] of out_dtype, or None
-    group_size   -1 or 128
+    group_size   -1, 128, 64 or 32 (64 and 32 run layers whose K 128 does not divide)
     out_dtype    float16 or bfloat16
 
 Math (g = k // group_size; group_scale = 1 per-channel)::
@@ -52,6 +52,7 @@ from .w8a8_gemm import MAX_K, check_act_scale, check_weight_scale, scale_epilogu
 
 OP = "w4a8_gemm"
 GROUP_SCALE_MAX = 16
+GROUP_SIZES = (128, 64, 32)  # besides -1 (per channel); the same list as qfuse.schemes.W4A8_GROUP_SIZES
 
 
 def w4a8_int_weight(qweight: Tensor, group_scale: Tensor | None, group_size: int) -> Tensor:
@@ -96,17 +97,17 @@ def check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size
     if group_size == -1:
         if group_scale is not None:
             raise ValueError(f"qfuse.{OP}: group_scale must be None for per-channel weights (group_size=-1)")
-    elif group_size == 128:
+    elif group_size in GROUP_SIZES:
         if k % group_size:
             raise ValueError(f"qfuse.{OP}: K={k} is not divisible by group_size={group_size}")
         if group_scale is None:
-            raise ValueError(f"qfuse.{OP}: group_size=128 needs group_scale (int8 [N, K // 128])")
+            raise ValueError(f"qfuse.{OP}: group_size={group_size} needs group_scale (int8 [N, K // {group_size}])")
         check_tensor(OP, "group_scale", group_scale)
         check_dtype(OP, "group_scale", group_scale, torch.int8)
-        check_shape(OP, "group_scale", group_scale, (n, k // group_size), "[N, K // 128]")
+        check_shape(OP, "group_scale", group_scale, (n, k // group_size), f"[N, K // {group_size}]")
         check_contiguous(OP, "group_scale", group_scale)
     else:
-        raise ValueError(f"qfuse.{OP}: group_size must be -1 (per-channel) or 128, got {group_size}")
+        raise ValueError(f"qfuse.{OP}: group_size must be -1 (per-channel), 128, 64 or 32, got {group_size}")
     check_out_dtype(OP, out_dtype)
     check_bias(OP, bias, n, out_dtype)
     check_same_device(OP, "xq", xq, x_scale=x_scale, qweight=qweight, w_scale=w_scale, group_scale=group_scale, bias=bias)

@@ -266,9 +266,10 @@ def _w4a8_gemv_kernel(
 
 def gemv_supported(k: int, group_size: int, cfg: dict) -> bool:
     """Whether config ``cfg`` can run K: whole tiles of 4 * BLOCK_W words in every split (a tile
-    lies inside one group of 128 codes or spans whole groups: BLOCK_W is a power of two)."""
+    lies inside one group of 128 codes or spans whole groups: BLOCK_W is a power of two). Groups
+    of 64 / 32 are not read by this kernel."""
     kw, tile = k // 8, 4 * cfg["BLOCK_W"]
-    return k % 32 == 0 and kw % (tile * cfg["SPLIT_K"]) == 0
+    return group_size in (-1, 128) and k % 32 == 0 and kw % (tile * cfg["SPLIT_K"]) == 0
 
 
 def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
@@ -282,7 +283,8 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
     if m == 0 or n == 0:
         return out
     bm, bn, bw, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_W"], config["SPLIT_K"]
-    if bm not in (1, 2, 4) or not gemv_supported(k, -1 if group_scale is None else 128, config):
+    group = -1 if group_scale is None else k // max(1, group_scale.shape[1])
+    if bm not in (1, 2, 4) or not gemv_supported(k, group, config):
         raise ValueError(f"run_w4a8_gemv: config {config} cannot run K={k}")
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     if split > 1:

@@ -6,7 +6,7 @@ tile (BLOCK_M = 128-256 tokens), and feeds wgmma from registers; on the H200 it 
 an int8 weight ran at 1.25-1.29x bf16 (BENCHMARKS.md, int8_gemm). Writing the op's int8
 operand once per call::
 
-    w_int[n, k] = (u[n, k] - 8) * group_scale[n, k // 128]     (group_scale = 1 per-channel)
+    w_int[n, k] = (u[n, k] - 8) * group_scale[n, k // G]     (G = 128, 64, 32; group_scale = 1 per-channel)
 
 costs N*K/2 bytes read + N*K written (28672 x 4096: ~176 MB, ~50 us at 3.5 TB/s, against
 ~943 us for the W8A8 kernel at M = 4096), after which the W8A8 kernel's int32 accumulator
@@ -38,7 +38,7 @@ def _spread_nibbles(v):
 
 
 @triton.jit
-def _w4_to_int8_kernel(qw_ptr, gs_ptr, out_ptr, N, KW, G,
+def _w4_to_int8_kernel(qw_ptr, gs_ptr, out_ptr, N, KW, G, GROUP_WORDS,
                        GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     # qw_ptr: int32 words [N, KW] (KW = K // 8); out_ptr: int32 words [N, 2 * KW] of the int8 [N, K]
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -46,8 +46,8 @@ def _w4_to_int8_kernel(qw_ptr, gs_ptr, out_ptr, N, KW, G,
     mask = (offs_n < N)[:, None] & (offs_w < KW)[None, :]
     rows = offs_n.to(tl.int64)[:, None]
     words = tl.load(qw_ptr + rows * KW + offs_w[None, :], mask=mask, other=0)
-    if GROUPED:  # word w holds k = 8w .. 8w + 7: group w // 16
-        gs = tl.load(gs_ptr + rows * G + (offs_w // 16)[None, :], mask=mask, other=1).to(tl.int32)
+    if GROUPED:  # word w holds k = 8w .. 8w + 7: group w // GROUP_WORDS (words per group: 16, 8 or 4)
+        gs = tl.load(gs_ptr + rows * G + (offs_w // GROUP_WORDS)[None, :], mask=mask, other=1).to(tl.int32)
     else:
         gs = tl.full((BLOCK_N, BLOCK_W), 1, tl.int32)
     bias = _BYTE_SIGN - gs * 0x08080808  # per byte 128 - 8 * gs in [0, 120]: no borrow
@@ -71,9 +71,10 @@ def w4_to_int8(qweight, group_scale, block_n: int = 32, block_w: int = 64):
     if n == 0 or k == 0:
         return out
     kw = k // 8
+    groups = group_scale.shape[1] if group_scale is not None else 1
     grid = (triton.cdiv(n, block_n), triton.cdiv(kw, block_w))
     _w4_to_int8_kernel[grid](
         aligned_view(qweight, torch.int32), group_scale if group_scale is not None else qweight, out.view(torch.int32),
-        n, kw, k // 128, GROUPED=group_scale is not None, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4,
+        n, kw, groups, kw // groups, GROUPED=group_scale is not None, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4,
     )  # fmt: skip
     return out

@@ -222,8 +222,8 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
     if m == 0 or n == 0:
         return out
     split = config.get("SPLIT_K", 1)
-    if not mma_words_supported(k, split):
-        raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0, whole tiles per split)")
+    if not mma_words_supported(k, split) or (group_scale is not None and group_scale.shape[1] * 128 != k):
+        raise ValueError(f"run_w4a8_mma_words: config {config} cannot run K={k} (K % 128 == 0, whole tiles per split, group 128 or per channel)")
     operands = _operands(xq, x_scale, qweight, w_scale, group_scale, bias)
     options = _options(xq, x_scale, w_scale, group_scale, bias, config)
     tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
@@ -262,7 +262,7 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     64 rows / 4 warps (4 stages), split to about two programs per SM: the tiles the H200 tune
     picked most often (BENCHMARKS.md, ninth session: of the 14 keys at M = 1-4 it won, 12 with
     128 rows / 8 warps; of the 19 at M = 16-64, 17 with 64 rows / 4 warps, 4 or 6 stages)."""
-    if m > 64 or not mma_words_supported(k):
+    if m > 64 or not mma_words_supported(k) or group_size not in (-1, 128):  # its tiles are groups of 128
         return []
     bm = max(16, min(64, m_bucket(m)))
     out = []

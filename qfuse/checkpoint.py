@@ -233,7 +233,7 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
         raise ValueError("save_quantized: the model has no qfuse.QuantLinear layers; quantize it first (qfuse.quantize_model)")
     tensors: dict[str, Tensor] = {}
     groups: dict[str, dict] = {}
-    extension = []
+    extension, extension_groups = [], {}
     for name, layer in tqdm(layers.items(), desc="qfuse save", unit="layer", disable=not progress):
         entry, local, ext = layer_to_ct(layer)
         key = json.dumps(entry, sort_keys=True)
@@ -243,6 +243,8 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
             tensors[f"{name}.bias"] = layer.bias
         if ext:
             extension.append(name)
+            if layer.scheme.group_size != 128:  # a layer of K not a multiple of 128 (quantize_model's group fallback)
+                extension_groups[name] = layer.scheme.group_size
     prefixes = tuple(f"{n}." for n in layers)
     seen = set()
     for name, t in model.state_dict().items():
@@ -281,8 +283,11 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
         config[EXTENSION_KEY] = {
             "name": EXTENSION_NAME, "version": 1, "layers": extension,
             "about": "int-quantized int8 weights that are int4 codes times an integer group scale in [1, 16] per "
-                     "128 inputs; qfuse reloads these layers as W4A8_G128, other engines run them as W8A8 (same math)",
+                     "128 inputs (or per the layer's entry in group_sizes); qfuse reloads these layers as W4A8 "
+                     "with that group, other engines run them as W8A8 (same math)",
         }
+        if extension_groups:
+            config[EXTENSION_KEY]["group_sizes"] = extension_groups
     write_safetensors(tensors, path, max_shard_size)
     with open(path / "config.json", "w") as f:
         json.dump(config, f, indent=2, sort_keys=True, default=str)

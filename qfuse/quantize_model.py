@@ -113,10 +113,10 @@ def _ragged(scheme: Scheme, k: int | None) -> bool:
 
 def _fallback_scheme(scheme: Scheme, k: int) -> Scheme | None:
     """The scheme of a layer of ``k`` inputs that ``scheme``'s group does not divide: the
-    largest group the scheme's op runs that is <= its group and divides ``k`` (wna16_gemm:
-    64, then 32, for a scheme of group 128); an op without such a group but with a per-channel
-    path (w4a8_gemm: group 128 or per channel) runs the layer per channel. None when no group
-    divides ``k``: the layer is refused, as without a fallback."""
+    largest group the scheme's op runs that is <= its group and divides ``k`` (wna16_gemm and
+    w4a8_gemm: 64, then 32, for a scheme of group 128); an int8-activation op without such a
+    group runs the layer per channel. None when no group divides ``k``: the layer is refused,
+    as without a fallback."""
     for g in op_group_sizes(scheme.weight_bits, scheme.act_bits):
         if g < scheme.group_size and k % g == 0:
             return make_scheme(scheme.weight_bits, scheme.act_bits, g, scheme.symmetric, scheme.static_act)
@@ -284,9 +284,8 @@ def quantize_model(
 
     ``group_fallback``: a Linear whose in_features the scheme's group size does not divide
     (SmolLM2's hidden size 576 = 4 * 128 + 64) takes the largest group the scheme's op runs
-    that is smaller and divides it (``wna16_gemm``: 64, then 32, as ``W4A16_G64`` /
-    ``W4A16_G64_ASYM``; ``w4a8_gemm``, which runs group 128 or per channel: per channel,
-    ``W4A8``), and one ``UserWarning`` per call gives their count, groups and an example
+    that is smaller and divides it (64, then 32: ``W4A16_G64``, ``W4A16_G64_ASYM``, ``W4A8_G64``;
+    a W4A8 layer no group divides runs per channel, ``W4A8``), and one ``UserWarning`` per call gives their count, groups and an example
     name. ``save_quantized`` records each layer's group. ``False`` refuses these layers.
 
     All layers are checked, and all new modules built, before any is swapped in: a layer

@@ -94,7 +94,7 @@ def quantize_w4a8(w: Tensor, group_size: int) -> dict[str, Tensor | None]:
     """int4 weights for ``w4a8_gemm``: returns ``qweight``, ``w_scale``, ``group_scale``.
 
     per-channel (QQQ):  w_scale = amax / 7;  q = clamp(round(w / w_scale), -8, 7)
-    group 128:          w_scale = amax_row / (7 * 16)  (so amax_row is 112 units of w_scale)
+    group G (128/64/32): w_scale = amax_row / (7 * 16)  (so amax_row is 112 units of w_scale)
                         group_scale = clamp(ceil(amax_group / (7 * w_scale)), 1, 16)   integer
                         q = clamp(round(w / (w_scale * group_scale)), -8, 7)
     stored u = q + 8. The group path keeps every product q * group_scale inside int8.
@@ -106,13 +106,13 @@ def quantize_w4a8(w: Tensor, group_size: int) -> dict[str, Tensor | None]:
         w_scale = amax / 7.0
         q = torch.round(wf / w_scale).clamp(-8, 7)
         group_scale = None
-    elif group_size == 128:
+    elif group_size in (128, 64, 32):
         w_scale = amax / (7.0 * GROUP_SCALE_MAX)
         wg = _grouped(wf, group_size)
         gs = torch.ceil(wg.abs().amax(dim=-1, keepdim=True) / (7.0 * w_scale.unsqueeze(-1))).clamp(1, GROUP_SCALE_MAX)
         q = torch.round(wg / (w_scale.unsqueeze(-1) * gs)).clamp(-8, 7).reshape(n, k)
         group_scale = gs.reshape(n, -1).to(torch.int8).contiguous()
     else:
-        raise ValueError(f"W4A8 group_size must be -1 or 128, got {group_size}")
+        raise ValueError(f"W4A8 group_size must be -1, 128, 64 or 32, got {group_size}")
     qweight = _pack((q + 8).to(torch.uint8))
     return {"qweight": qweight, "w_scale": w_scale.reshape(-1).contiguous(), "group_scale": group_scale}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 # The group sizes each op runs besides -1 (per output channel), largest first.
 WNA16_GROUP_SIZES = (128, 64, 32)  # wna16_gemm, 4- and 8-bit weights
-W4A8_GROUP_SIZES = (128,)  # w4a8_gemm (integer second-level group scale); w8a8_gemm: per channel only
+W4A8_GROUP_SIZES = (128, 64, 32)  # w4a8_gemm (integer second-level group scale); w8a8_gemm: per channel only
 
 
 def op_group_sizes(weight_bits: int, act_bits: int) -> tuple[int, ...]:

@@ -33,7 +33,8 @@ Schemes the format cannot express: W4A8 with group 128 uses an integer second-le
 (``w_int = q * group_scale``, an exact int8 in [-128, 112]). qfuse writes those layers as
 standard int-quantized W8A8 layers holding ``w_int`` (so every engine runs identical math,
 with 8-bit weight storage) and lists them in ``config.json`` under :data:`EXTENSION_KEY`, so
-qfuse reloads them as 4-bit W4A8_G128.
+qfuse reloads them as 4-bit W4A8_G128 (its ``group_sizes`` names the layers of group 64 or 32,
+those whose K 128 does not divide).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..linear import QuantLinear
 from ..ops.int4_packing import pack_int4, unpack_int4
 from ..ops.quant_int8 import check_static_scale
 from ..ops.w4a8_gemm import GROUP_SCALE_MAX, w4a8_int_weight
-from ..schemes import WNA16_GROUP_SIZES, Scheme, make_scheme
+from ..schemes import W4A8_GROUP_SIZES, WNA16_GROUP_SIZES, Scheme, make_scheme
 from .base import FLOAT_DTYPES, LayerSpec, optional_bias, wna16_linear
 from .files import CheckpointError, CheckpointFiles
 from .packing import pack_int32, unpack_int32
@@ -95,6 +96,12 @@ class CompressedTensorsCheckpoint:
         if ext and ext.get("name") != EXTENSION_NAME:
             raise CheckpointError(f"{p}: unknown {EXTENSION_KEY} {ext.get('name')!r}")
         self.w4a8_g128_layers = set(ext.get("layers", ()))
+        self.w4a8_groups = {name: 128 for name in self.w4a8_g128_layers}  # prefix -> the layer's group size
+        for name, g in (ext.get("group_sizes") or {}).items():
+            if name not in self.w4a8_g128_layers or g not in W4A8_GROUP_SIZES:
+                raise CheckpointError(f"{p}: {EXTENSION_KEY} group_sizes: {name!r}: {g!r} is not a listed layer with a "
+                                      f"group size in {W4A8_GROUP_SIZES}")
+            self.w4a8_groups[name] = g
         self.stored_group: dict[str, int] = {}  # prefix -> the checkpoint's group size G of a layer regrouped at g' < G
 
     def _group(self, prefix: str) -> dict:
@@ -147,7 +154,7 @@ class CompressedTensorsCheckpoint:
             if prefix in self.w4a8_g128_layers:
                 if bits != 8 or strategy != "channel" or a_strategy != "token":
                     raise ValueError(f"{EXTENSION_NAME} layers are dynamic W8A8 per-channel layers")
-                return make_scheme(4, 8, 128, True), False
+                return make_scheme(4, 8, self.w4a8_groups[prefix], True), False
             if not w.get("symmetric", True):
                 raise ValueError("int8-activation layers need symmetric weights")
             if bits == 4 and strategy == "group":
@@ -286,7 +293,7 @@ class CompressedTensorsCheckpoint:
         tensors: dict[str, Tensor | None] = {}
         if p in self.w4a8_g128_layers:
             w_int = self._signed_codes(spec, 8, where)
-            u, group_scale = _factor_w4a8_g128(w_int, where)
+            u, group_scale = _factor_w4a8_groups(w_int, s.group_size, where)
             tensors.update(qweight=pack_int4(u), group_scale=group_scale)
             w_scale = self._scale(spec, 1, where).reshape(-1)
         else:
@@ -324,14 +331,16 @@ def _regroup(t: Tensor, repeat: int, groups: int) -> Tensor:
     return t.repeat_interleave(repeat, dim=1)[:, :groups].contiguous()
 
 
-def _factor_w4a8_g128(w_int: Tensor, where: str) -> tuple[Tensor, Tensor]:
+def _factor_w4a8_groups(w_int: Tensor, group_size: int, where: str) -> tuple[Tensor, Tensor]:
     """Split int8 weights ``w_int`` [N, K] into 4-bit codes ``u = q + 8`` and integer group
-    scales ``gs`` in [1, 16] per 128 inputs with ``q * gs == w_int``: for each group the
-    smallest ``gs`` that divides every weight and leaves ``q`` in [-8, 7]. Any such split
+    scales ``gs`` in [1, 16] per ``group_size`` inputs with ``q * gs == w_int``: for each group
+    the smallest ``gs`` that divides every weight and leaves ``q`` in [-8, 7]. Any such split
     gives the same ``w_int``, so the kernel's result is exact whichever is found."""
     n, k = w_int.shape
-    wg = w_int.reshape(n, k // 128, 128).to(torch.int32)
-    gs = torch.zeros(n, k // 128, dtype=torch.int32)
+    if k % group_size:
+        raise CheckpointError(f"{where}: in_features={k} is not divisible by the {EXTENSION_KEY} group size {group_size}")
+    wg = w_int.reshape(n, k // group_size, group_size).to(torch.int32)
+    gs = torch.zeros(n, k // group_size, dtype=torch.int32)
     for cand in range(GROUP_SCALE_MAX, 0, -1):  # one candidate at a time: 4 bytes per weight
         q = torch.div(wg, cand, rounding_mode="floor")
         ok = ((q * cand == wg) & (q >= -8) & (q <= 7)).all(-1)

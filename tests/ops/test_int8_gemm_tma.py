@@ -77,7 +77,7 @@ def test_rejects_what_it_cannot_take():
     with pytest.raises(ValueError, match="multiple of 32"):
         run_int8_gemm(xq4, xs4, qw, ws4, None, None, torch.bfloat16, w4=True, config=tma_cfg())
     xq4, xs4, qw, ws4, gs, _ = make_w4a8(2, 32, 256, 128)
-    with pytest.raises(ValueError, match="divide the group"):
+    with pytest.raises(ValueError, match="BLOCK_K dividing it"):
         run_int8_gemm(xq4, xs4, qw, ws4, gs, None, torch.bfloat16, w4=True, config=tma_cfg(bk=256))
 
 

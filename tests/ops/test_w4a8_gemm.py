@@ -14,7 +14,7 @@ def _w_int64(qweight, group_scale, group_size):
     return q
 
 
-@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("group_size", [-1, 128, 64, 32])
 @pytest.mark.parametrize("dtype", ACT_DTYPES)
 @pytest.mark.parametrize("per_token", [True, False])
 def test_reference_matches_float64(group_size, dtype, per_token):
@@ -49,7 +49,7 @@ def test_accumulator_exact_at_extremes():
     assert (int8_matmul_nt(xq, w4a8_int_weight(qw, gs, 128)) == k * 128 * 128).all()
 
 
-@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("group_size", [-1, 128, 32])
 @pytest.mark.parametrize("dtype", ACT_DTYPES)
 @pytest.mark.parametrize("m", DECODE_AND_ODD_M)
 def test_opcheck(group_size, dtype, m):
@@ -66,7 +66,9 @@ def test_rejects_bad_input():
     t = quantize_w4a8(torch.randn(8, 256), 128)
     qw, ws, gs = t["qweight"], t["w_scale"], t["group_scale"]
     xq, xs, hf = random_int8(2, 256), torch.rand(2, 1), torch.float16
-    with pytest.raises(ValueError, match="group_size must be -1 .per-channel. or 128"):
+    with pytest.raises(ValueError, match="group_size must be -1 .per-channel., 128, 64 or 32"):
+        op(xq, xs, qw, ws, gs, None, 96, hf)
+    with pytest.raises(ValueError, match=r"group_scale must have shape \(8, 4\)"):
         op(xq, xs, qw, ws, gs, None, 64, hf)
     with pytest.raises(ValueError, match="needs group_scale"):
         op(xq, xs, qw, ws, None, None, 128, hf)

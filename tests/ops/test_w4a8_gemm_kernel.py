@@ -32,7 +32,7 @@ def make_w4a8(m, n, k, group_size=-1, device="cpu", per_token=True, bias=True, o
     qweight = pack_int4(torch.randint(0, 16, (n, k), dtype=torch.uint8, device=device))
     x_scale = (torch.rand(m, 1, device=device) + 0.05) / 64 if per_token else torch.rand(1, device=device) / 64 + 1e-3
     w_scale = (torch.rand(n, device=device) + 0.05) / 512
-    gs = torch.randint(1, 17, (n, k // 128), dtype=torch.int8, device=device) if group_size == 128 else None
+    gs = torch.randint(1, 17, (n, k // group_size), dtype=torch.int8, device=device) if group_size != -1 else None
     b = torch.randn(n, device=device).to(out_dtype) if bias else None
     return xq, x_scale, qweight, w_scale, gs, b
 
@@ -108,6 +108,37 @@ def test_group_scale_is_applied_per_group():
     assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, gs, b, 128, torch.float16))
     flipped = run_int8_gemm(xq, xs, qweight, ws, gs.flip(1).contiguous(), b, torch.float16, w4=True, config=_config(16, 32, 64, 1))
     assert not torch.equal(out, flipped)
+
+
+@pytest.mark.parametrize("group_size", [64, 32])
+@pytest.mark.parametrize("m,gs_partial,split_k", [(1, 0, 2), (7, 1, 1), (16, 1, 2), (33, 0, 1)])
+def test_small_groups_accumulator_exact(m, group_size, gs_partial, split_k):
+    """Groups of 64 / 32 (layers whose K 128 does not divide, K = 576 here as SmolLM2's hidden
+    size): the tile kernel with BLOCK_K = the group, the scale in the operand or on the partial."""
+    n, k = 40, 576
+    xq, _, qweight, _, gs, _ = make_w4a8(m, n, k, group_size)
+    cfg = _config(16, 32, group_size, split_k, gs_partial=gs_partial)
+    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=cfg)
+    assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, group_size)))
+
+
+@pytest.mark.parametrize("group_size", [64, 32])
+def test_small_groups_through_the_op_and_the_int8_weight_pass(group_size):
+    """The heuristic pick at decode and prefill M, and the int8-weight pass + W8A8 kernel, bit for
+    bit against the reference; the families that read groups of 128 only are not offered."""
+    n, k = 48, 576
+    for m in (2, 70):
+        args = make_w4a8(m, n, k, group_size)
+        out = int8_gemm("w4a8_gemm", *args, torch.bfloat16, w4=True, group_size=group_size)
+        assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
+    out = run_int8_gemm(*args, torch.bfloat16, w4=True, config=dict(_config(32, 32, 64, 1), KERNEL="w8"))
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
+    fake_quant_check(out, *args, group_size)
+    for m in (1, 2, 16, 64, 128, 4096):
+        cands = candidate_configs(m, 4096, 4096 + 576, group_size, 132, w4_asm=True)
+        assert cands and not any(c.get("KERNEL") in ("gemv", "mma_words") or c.get("TMA") and c.get("KERNEL") != "w8"
+                                 for c in cands)
+        assert all(c["BLOCK_K"] <= group_size for c in cands if c.get("KERNEL") != "w8")
 
 
 def gemv_cfg(bm, bn, bw, split, prefetch=0):
@@ -215,6 +246,8 @@ def test_new_candidates_are_extra(group_size):
     2-row x 32-column lane tile at M <= 2, the mma_words config (ops/w4a8_mma_words.py) to M = 64."""
     for m in (1, 2, 4, 8, 16, 64, 128):
         for n, k in SHAPES:
+            if group_size != -1 and k % group_size:
+                continue
             old = candidate_configs(m, n, k, group_size, 132)
             new = candidate_configs(m, n, k, group_size, 132, w4_asm=True)
             assert new[0].get("KERNEL") == ("gemv" if m <= 2 else "mma_words" if m <= 64 else None)
@@ -229,12 +262,12 @@ def test_new_candidates_are_extra(group_size):
     assert gemv_configs(16, 4096, 4096, -1, 132, asm=True) == []
 
 
-@pytest.mark.parametrize("n,k,group_size", [(40, 512, 128), (33, 392, -1)])
+@pytest.mark.parametrize("n,k,group_size", [(40, 512, 128), (33, 392, -1), (40, 576, 64), (17, 96, 32)])
 def test_int8_weight_pass_exact(n, k, group_size):
     """The packed-arithmetic int4 -> int8 pass equals the reference's operand, extremes included."""
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
     codes[0], codes[1] = 0, 15  # w_int -128 and 112 with gs = 16
-    gs = torch.randint(1, 17, (n, k // 128), dtype=torch.int8) if group_size == 128 else None
+    gs = torch.randint(1, 17, (n, k // group_size), dtype=torch.int8) if group_size != -1 else None
     if gs is not None:
         gs[:2] = 16
     qw = pack_int4(codes)
@@ -337,10 +370,23 @@ def test_gpu_fake_quant(m, group_size, out_dtype, no_tuning):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group_size", [-1, 128])
+@pytest.mark.parametrize("m", GRID_M)
+@pytest.mark.parametrize("n,k", [(1536, 576), (576, 576), (4096, 4160)])
+@pytest.mark.parametrize("group_size", [64, 32])
+def test_gpu_grid_small_groups(group_size, n, k, m, no_tuning):
+    """Groups of 64 / 32 at SmolLM2's K = 576 (and a large K 128 does not divide)."""
+    args = make_w4a8(m, n, k, group_size, device="cuda", bias=n == 576)
+    out = torch.ops.qfuse.w4a8_gemm(*args, group_size, torch.bfloat16)
+    assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
+    if m <= 64:
+        fake_quant_check(out, *args, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size,k", [(-1, 14336), (128, 14336), (64, 14400)])
 @pytest.mark.parametrize("m", [1, 16, 2048])
-def test_gpu_every_candidate(m, group_size):
-    n, k = 4096, 14336
+def test_gpu_every_candidate(m, group_size, k):
+    n = 4096
     args = make_w4a8(m, n, k, group_size, device="cuda", bias=False)
     ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -259,7 +259,7 @@ def test_nan_or_inf_weight_named():
 # hidden 320 = 2 * 128 + 64 (as SmolLM2's 576 = 4 * 128 + 64): q/k/v/o/gate/up have K = 320,
 # down_proj K = 512; 4 heads of 80
 RAGGED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
-FALLBACK = {"W4A16": "W4A16_G64", "W4A16_ASYM": "W4A16_G64_ASYM", "W4A8_G128": "W4A8"}
+FALLBACK = {"W4A16": "W4A16_G64", "W4A16_ASYM": "W4A16_G64_ASYM", "W4A8_G128": "W4A8_G64"}
 
 
 def _hidden_320(**kw):
@@ -275,14 +275,13 @@ def test_group_fallback_for_in_features_not_a_multiple_of_the_group(scheme):
     with pytest.warns(UserWarning) as record:
         model = qfuse.quantize_model(copy.deepcopy(base), scheme, progress=False)
     assert len(record) == 1  # one warning per call, whatever the number of layers
-    group = "per channel" if FALLBACK[scheme] == "W4A8" else "with group 64"
     assert str(record[0].message) == (
         f"quantize_model: 12 of 14 layer(s) have in_features not divisible by group_size=128 of {scheme} and use the largest "
-        f"group its op runs that divides them instead: 12 {group} ({FALLBACK[scheme]}, e.g. model.layers.0.self_attn.q_proj); "
+        f"group its op runs that divides them instead: 12 with group 64 ({FALLBACK[scheme]}, e.g. model.layers.0.self_attn.q_proj); "
         "pass group_fallback=False to refuse these layers")
     assert record[0].filename == __file__
     s = qfuse.get_scheme(scheme)
-    fallback = make_scheme(s.weight_bits, s.act_bits, 64 if s.weight_only else -1, s.symmetric)
+    fallback = make_scheme(s.weight_bits, s.act_bits, 64, s.symmetric)
     assert fallback.name == FALLBACK[scheme]
     layers = {n: m for n, m in model.named_modules() if isinstance(m, qfuse.QuantLinear)}
     assert len(layers) == 14
@@ -346,10 +345,10 @@ def test_no_group_dividing_k_still_raises_and_leaves_model_unchanged(recwarn):
         qfuse.quantize_model(model, "W4A16", progress=False)
     _assert_unchanged(model, types, state)
     assert not recwarn.list  # nothing fell back: the call raised before
-    # W4A8_G128 runs per channel where 128 does not divide K; an odd K is still refused
+    # W4A8_G128 runs group 64 or 32 where 128 does not divide K, else per channel; an odd K is still refused
     with pytest.raises(ValueError, match=r"cannot quantize 1 layer\(s\) with W4A8_G128 .*\n  3: in_features=77 must be even"):
         qfuse.quantize_model(model, "W4A8_G128", progress=False)
     _assert_unchanged(model, types, state)
-    with pytest.warns(UserWarning, match=r"3 of 3 layer\(s\) .*: 3 per channel \(W4A8, e.g. 0\)"):
+    with pytest.warns(UserWarning, match=r"3 of 3 layer\(s\) .*: 1 with group 64 \(W4A8_G64, e.g. 0\), 2 per channel \(W4A8, e.g. 1\)"):
         qfuse.quantize_model(model, "W4A8_G128", ignore="3", progress=False)
-    assert [m.scheme.name for m in model[:3]] == ["W4A8", "W4A8", "W4A8"]
+    assert [m.scheme.name for m in model[:3]] == ["W4A8_G64", "W4A8", "W4A8"]  # K = 192, 80, 48

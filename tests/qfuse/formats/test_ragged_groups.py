@@ -2,9 +2,9 @@
 320 = 2 * 128 + 64 (as SmolLM2's 576 = 4 * 128 + 64): q/k/v/o/gate/up have K = 320, down_proj
 K = 512.
 
-* qfuse-written: ``quantize_model`` gives the K = 320 layers group 64 (W4A8_G128: per
-  channel); ``save_quantized`` writes them in a config group of their own, targets by exact
-  name, which compressed-tensors decompresses to the weights qfuse runs, and
+* qfuse-written: ``quantize_model`` gives the K = 320 layers group 64; ``save_quantized``
+  writes them in a config group of their own, targets by exact name (W4A8_G128: every layer
+  int8 W8A8 through the extension, whose ``group_sizes`` records the group-64 layers), which compressed-tensors decompresses to the weights qfuse runs, and
   ``from_pretrained`` reloads the model identically.
 * compressed-tensors-written with a partial last group (group 128 on K = 320: ceil(320 / 128)
   = 3 scale / zero-point columns, the last covering 64 inputs): qfuse loads it exactly at
@@ -92,7 +92,7 @@ def _assert_same_qfuse_model(a: nn.Module, b: nn.Module) -> None:
 # ----------------------------------------------------------------------------- written by qfuse
 
 
-FALLBACK = {"W4A16": "W4A16_G64", "W4A16_ASYM": "W4A16_G64_ASYM", "W4A8_G128": "W4A8"}
+FALLBACK = {"W4A16": "W4A16_G64", "W4A16_ASYM": "W4A16_G64_ASYM", "W4A8_G128": "W4A8_G64"}
 
 
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`")
@@ -106,24 +106,24 @@ def test_fallback_layers_save_in_their_own_config_group_and_reload_identically(s
     assert {layers[n].scheme.name for n in layers if n not in ragged} == {scheme}
     qfuse.save_quantized(model, tmp_path, progress=False)
 
-    # one config group per scheme, each naming its layers exactly
     config = json.loads((tmp_path / "config.json").read_text())
     qc = config["quantization_config"]
     groups = list(qc["config_groups"].values())
-    assert len(groups) == 2
-    (fallback,) = [g for g in groups if sorted(g["targets"]) == ragged]
-    (other,) = [g for g in groups if g is not fallback]
-    assert sorted(other["targets"]) == sorted(set(layers) - set(ragged))
     s = qfuse.get_scheme(scheme)
-    if s.weight_only:
+    if not s.weight_only:  # every layer a standard int8 W8A8 one (the extension), the groups in its group_sizes
+        (entry,) = groups
+        assert (entry["weights"]["num_bits"], entry["weights"]["strategy"]) == (8, "channel")
+        assert sorted(config[EXTENSION_KEY]["layers"]) == sorted(layers)
+        assert config[EXTENSION_KEY]["group_sizes"] == dict.fromkeys(ragged, 64)
+    else:  # one config group per scheme, each naming its layers exactly
+        assert len(groups) == 2
+        (fallback,) = [g for g in groups if sorted(g["targets"]) == ragged]
+        (other,) = [g for g in groups if g is not fallback]
+        assert sorted(other["targets"]) == sorted(set(layers) - set(ragged))
         assert (fallback["weights"]["strategy"], fallback["weights"]["group_size"]) == ("group", 64)
         assert (other["weights"]["strategy"], other["weights"]["group_size"]) == ("group", 128)
         assert fallback["weights"]["symmetric"] == other["weights"]["symmetric"] == s.symmetric
         assert qc["format"] == "pack-quantized"
-    else:  # per-channel W4A8 int-quantized; the group-128 layers through the extension, 8-bit
-        assert (fallback["weights"]["num_bits"], fallback["weights"]["strategy"]) == (4, "channel")
-        assert (other["weights"]["num_bits"], other["weights"]["strategy"]) == (8, "channel")
-        assert sorted(config[EXTENSION_KEY]["layers"]) == sorted(other["targets"])
     QuantizationConfig.model_validate(qc)
 
     # compressed-tensors' compressors decompress every layer to the weights qfuse runs
@@ -278,3 +278,17 @@ def test_partial_last_group_refusals(tmp_path):
     with pytest.raises(qfuse.CheckpointError, match=rf"layer {name}: in_features=320 is not divisible by group_size=128 \(a partial last group\): "
                                                     r"weight_zero_point has shape \[64, 2\], expected \[64, 3\]"):
         qfuse.from_pretrained(path, progress=False)
+
+
+@pytest.mark.parametrize(("group_sizes", "match"), [({"model.layers.0.self_attn.q_proj": 96}, "group size in"),
+                                                    ({"model.not_a_layer": 64}, "is not a listed layer")])
+def test_extension_group_sizes_are_checked(tmp_path, group_sizes, match):
+    """A W4A8 extension ``group_sizes`` entry must name a listed layer and a group w4a8_gemm runs."""
+    with pytest.warns(UserWarning):
+        model = qfuse.quantize_model(_tiny_model(), "W4A8_G128", progress=False)
+    qfuse.save_quantized(model, tmp_path, progress=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[EXTENSION_KEY]["group_sizes"] = group_sizes
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(qfuse.CheckpointError, match=match):
+        qfuse.from_pretrained(tmp_path, progress=False)
