@@ -34,10 +34,11 @@ def _ppl(setup, scheme, recipe):
     return perplexity(quantized, windows, progress=False).ppl, perplexity(simulation, windows, progress=False).ppl
 
 
-@pytest.mark.parametrize(("scheme", "recipe", "max_ratio"), [("W4A16", "gptq", 0.6), ("W4A8_G128", "sq+gptq", 0.7)])
+@pytest.mark.parametrize(("scheme", "recipe", "max_ratio"), [("W4A16", "gptq", 0.35), ("W4A8_G128", "sq+gptq", 0.5)])
 def test_calibration_beats_round_to_nearest_and_matches_its_simulation(setup, scheme, recipe, max_ratio):
     """Perplexity increase over the bf16 model: calibrated / RTN below ``max_ratio``
-    (measured: W4A16 RATIO_W4A16, W4A8_G128 RATIO_W4A8); ops and simulation print the same."""
+    (measured on the CPU: W4A16 0.21, bf16 ppl 20.07 -> RTN 33.23 -> GPTQ 22.83; W4A8_G128 0.35,
+    RTN 34.82 -> SmoothQuant + GPTQ 25.21); ops and simulation print the same."""
     base_ppl = setup[3]
     rtn, rtn_sim = _ppl(setup, scheme, None)
     cal, cal_sim = _ppl(setup, scheme, recipe)
