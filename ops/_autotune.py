@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import statistics
 import threading
@@ -31,6 +32,9 @@ from pathlib import Path
 import torch
 
 _TUNED_DIR = Path(__file__).with_name("tuned")
+_log = logging.getLogger("qfuse.autotune")
+# entry key -> [(config, reason)] of the configs that failed in its last measurement (logged at INFO)
+failures: dict[str, list[tuple[dict, str]]] = {}
 _lock = threading.Lock()
 _memory: dict[str, dict] = {}
 _loaded_files: set[str] = set()
@@ -127,6 +131,22 @@ def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
     tmp.replace(path)
 
 
+def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
+    """The stored config for ``(op, key)`` on the GPU named ``gpu`` (``device_name``'s spelling) and
+    where it is stored: the user cache (:func:`cache_path`) first, then the shipped table; None if
+    neither holds it. Reads the files (not the in-process cache); measures nothing."""
+    entry_key = _key_str(op, (gpu, *key))
+    for path, where in ((cache_path(), "the user cache"), (_TUNED_DIR / f"{op}.{gpu}.json", "the shipped table")):
+        try:
+            data = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            continue
+        if entry_key in data:
+            shown = f"ops/tuned/{path.name}" if path.parent == _TUNED_DIR else str(path)
+            return data[entry_key], f"{where} ({shown})"
+    return None
+
+
 def _save(entry_key: str, config: dict) -> None:
     try:
         merge_into_json(cache_path(), entry_key, config)
@@ -134,7 +154,7 @@ def _save(entry_key: str, config: dict) -> None:
         pass  # a cache that cannot be written only costs a re-measurement next time
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -209,17 +229,24 @@ def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[
         raise ValueError(f"pick_config({op}): no candidate configs")
     if len(candidates) == 1:
         return candidates[0]
-    if _capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda":
+    if capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda":
         return candidates[0]
-    best, best_ms = candidates[0], float("inf")
+    best, best_ms, failed = None, float("inf"), []
     for cfg in candidates:
         try:
             ms = graph_time_ms([lambda: run(cfg)] * _GRAPH_CALLS)
-        except Exception:  # a config that does not compile or fit (shared memory) is skipped
+        except Exception as e:  # a config that does not compile or fit (shared memory) is skipped, with its reason
             torch.cuda.synchronize()
+            failed.append((cfg, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
             continue
         if ms < best_ms:
             best, best_ms = cfg, ms
+    failures[entry_key] = failed
+    if failed:
+        _log.info("%s: %d of %d configs failed to run, e.g. %s: %s", entry_key, len(failed), len(candidates), *failed[0])
+    if best is None:
+        reasons = "; ".join(f"{c}: {why}" for c, why in failed[:3])
+        raise RuntimeError(f"pick_config({op}): none of the {len(candidates)} configs ran on {gpu}: {reasons}")
     with _lock:
         _memory[entry_key] = best
     _save(entry_key, best)

@@ -208,3 +208,27 @@ def dequantize_triton(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bit
     _dequant_kernel[grid](qweight, scales, zeros if zeros is not None else qweight, w, n, k, qweight.shape[1], scales.shape[1],
                           BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, EVEN_K=k % bk == 0, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)  # fmt: skip
     return w
+
+
+# ---------------------------------------------------------------- config helpers of the families
+
+def split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
+    """Smallest power-of-two split that puts ~2 programs on every SM, keeping >= 4 K tiles each."""
+    split = 1
+    while tiles * split < 2 * sms and split < 16 and k // (2 * split * block_k) >= 4:
+        split *= 2
+    return split
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def weight_major_tiles(mb: int, exhaustive: bool) -> list[tuple[int, int, int, int, int]]:
+    """(tokens BLOCK_M, weight rows BLOCK_N, BLOCK_K, warps, stages) of the large weight-major
+    tiles for M bucket ``mb`` (tokens up to twice the bucket)."""
+    tiles = [(128, 64, 64, 4, 4), (128, 128, 64, 4, 3), (128, 128, 64, 8, 4), (256, 64, 64, 4, 3),
+             (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 8, 4)]
+    if exhaustive:
+        tiles += [(128, 256, 64, 8, 3), (256, 128, 128, 8, 2), (256, 128, 64, 8, 4), (256, 64, 64, 4, 4)]
+    return [t for t in tiles if t[0] <= 2 * mb]

@@ -20,7 +20,7 @@ _retired: list[Tensor] = []
 
 def zeroed_int32(device: torch.device, numel: int) -> Tensor:
     """``numel`` int32 zeros that the caller's kernel must leave zero (ops/_wna16_common.py's
-    ``finish_split``, ops/int8_gemm_kernels.py's ``take_split_sum``)."""
+    ``finish_split``, ops/int8_common.py's ``take_split_sum``)."""
     if device.type != "cuda":
         return torch.zeros(numel, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -41,7 +41,7 @@ def rezero_workspaces() -> None:
     """Zero every eager and graph workspace again, the retired ones too (a graph captured before a
     buffer grew still points at its predecessor). For the tuner after a wrong candidate: a kernel
     that sums its split-K partials wrong may also leave its arrival counters nonzero, and every
-    later split-K launch on the same counters then goes wrong too (seen on the H200 in the
-    fourteenth session, where one such candidate turned the rest of a tune's checks into mismatches)."""
+    later split-K launch on the same counters then goes wrong too (seen on the H200: one such
+    candidate turned the rest of a tune's checks into mismatches)."""
     for buf in [*_zeroed.values(), *_retired]:
         buf.zero_()

@@ -1,12 +1,12 @@
 """int8 tile kernel fed by the Tensor Memory Accelerator: W8A8, and W4A8 with the int4 unpack fused.
 
-The math is the one of ops/int8_gemm_kernels.py (``w8a8_gemm`` / ``w4a8_gemm``)::
+The math is the one of ops/int8_common.py (``w8a8_gemm`` / ``w4a8_gemm``)::
 
     acc[m, n] = sum_k int32(xq[m, k]) * w_int[n, k]                         exact int32
     out[m, n] = out_dtype( (float32(acc) * x_scale[m]) * w_scale[n] + float32(bias[n]) )
 
 with ``w_int = wq`` (W8A8) or ``(u - 8) * group_scale[n, k // 128]`` (W4A8, |w_int| <= 128), and the
-same epilogue (``_epilogue``: FMA contraction off, bf16 rounded to nearest even), so the output is
+same epilogue (``epilogue``: FMA contraction off, bf16 rounded to nearest even), so the output is
 bit-identical to the reference. What differs from the pointer kernel:
 
 * **TMA loads**: host-side ``TensorDescriptor``s of ``xq [M, K]`` and of the weight (``wq [N, K]``,
@@ -39,7 +39,9 @@ import triton
 import triton.language as tl
 
 from ._tma import tma_aligned
-from .int8_gemm_kernels import _epilogue, tile_of, unpack_w4
+from .int8_common import epilogue, tile_of, unpack_w4
+from .int8_tile import tile_config
+from .kernel_family import KernelFamily, Problem
 
 
 @triton.jit
@@ -70,7 +72,7 @@ def _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K
             acc = tl.dot(w, x.T, acc, out_dtype=tl.int32)
     if W4:
         acc = tl.trans(acc)
-    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, tl.where(mask_m, offs_m, 0),
+    epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, tl.where(mask_m, offs_m, 0),
               rows_n, mask_n[:, None] & mask_m[None, :], N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
@@ -97,6 +99,46 @@ def tma_supported(k: int, w4: bool = False) -> bool:
     """Whether the TMA kernel can take a K: the descriptors need 16-byte row strides (int8 rows
     of K bytes; packed int4 rows of K / 2)."""
     return k % (32 if w4 else 16) == 0
+
+
+def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[dict]:
+    """Configs of the TMA-fed kernel (ops/int8_gemm_tma.py; no split-K; none where K is too
+    ragged for a descriptor). ``PERSISTENT``: programs per SM, 0 = one program per tile.
+    ``w4``: its W4A8 form (M > 64 only: it unpacks into wgmma's B operand, whose M side is the
+    tokens), BLOCK_K within the group of 128.
+
+    Triton keeps a wgmma with an int32 accumulator synchronous (a ``wait 0`` after every K
+    slice; only float32 accumulators are pipelined, checked in the PTX with triton 3.7.1), so
+    the tensor cores idle while each slice's MMAs drain. The large-M tiles therefore include
+    BLOCK_K = 256 (half the drains per MAC) and tiles of one warpgroup small enough for two or
+    three programs per SM (128 x 128 x 128, 3 stages: 96 KB of shared memory, 159 registers a
+    thread), whose drains (and epilogues) the other programs' MMAs fill: on the H200 that tile
+    took W8A8 4096 x 4096 x 1024 from 35.1 to 26.9 us (BENCHMARKS.md). Two
+    stages (64 KB, 160 registers) fit three programs per SM: 6144 x 4096 x 1024's 384 tiles of
+    128 x 128 in one wave of 396 instead of 1.45 waves of 264.
+    """
+    if not tma_supported(k, w4) or (w4 and (m <= 64 or group_size not in (-1, 128))):  # its W4 form reads groups of 128
+        return []
+    # persistent variants only where the sm_90 compile keeps the loop in registers (triton 3.7.1:
+    # the tile loop made e.g. 128 x 256 x 128 and 128 x 128 x 128 / 4 warps spill 320 B of stack)
+    if w4:
+        tiles = ((128, 128, 128, 4, 3, (0,)), (128, 128, 128, 8, 4, (0,)), (256, 128, 128, 8, 3, (0,)), (64, 128, 128, 4, 4, (0,)),
+                 (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)), (128, 64, 128, 4, 2, (0,)))
+    elif m <= 16:
+        tiles = ((16, 64, 256, 4, 6, (0, 1)), (16, 128, 256, 4, 4, (0, 1)), (16, 64, 128, 4, 8, (0, 1)))
+    elif m <= 64:
+        tiles = ((32, 128, 128, 4, 4, (0, 1)),) if m <= 32 else ((64, 128, 128, 4, 4, (0,)),)
+    elif m <= 512:
+        tiles = ((64, 128, 128, 4, 4, (0,)), (128, 128, 128, 8, 4, (0, 1)), (128, 128, 128, 4, 3, (0,)),
+                 (128, 256, 128, 8, 3, (0,)))
+    else:
+        tiles = ((256, 128, 128, 8, 3, (0, 1)), (128, 256, 128, 8, 3, (0,)), (256, 128, 128, 8, 4, (0, 1)),
+                 (128, 128, 128, 4, 3, (0,)), (256, 128, 256, 8, 2, (0, 1)), (128, 256, 256, 8, 2, (0,)),
+                 (64, 128, 128, 4, 4, (0,)), (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)),
+                 (128, 128, 128, 4, 2, (0,)), (128, 128, 64, 4, 3, (0,)))
+    kmax = 128 if group_size == 128 else 256
+    out = [dict(tile_config(bm, bn, min(bk, kmax), 1, w, s), PERSISTENT=p) for bm, bn, bk, w, s, ps in tiles for p in ps]
+    return list({str(c): c for c in out}.values())
 
 
 def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: dict, sms: int, *, w4: bool):
@@ -126,3 +168,34 @@ def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: d
         num_warps=config["num_warps"], num_stages=config["num_stages"], enable_fp_fusion=False,
     )  # fmt: skip
     return out
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if not p.gpu or not p.tma:
+        return False, "needs a GPU with TMA (compute capability >= 9.0)"
+    if not tma_supported(p.k, p.bits == 4):
+        return False, f"K % {32 if p.bits == 4 else 16} != 0 (TMA row strides)"
+    if p.bits == 4 and (p.m <= 64 or p.group_size not in (-1, 128)):
+        return False, "W4A8: M > 64 only (the unpack feeds wgmma's B operand), groups of 128 or per channel"
+    return True, ""
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    if p.bits == 4:  # M > 64: unpack into the B operand
+        return [dict(c, UNPACK_ASM=1) for c in tma_configs(p.m, p.k, p.group_size, w4=True)]
+    return tma_configs(p.m, p.k)
+
+
+def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
+    import torch
+
+    from ._autotune import sm_count
+
+    m, n = xq.shape[0], w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0 or n == 0:
+        return out
+    return run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, cfg, sm_count(xq.device), w4=w4)
+
+
+FAMILY = KernelFamily("tma", "int8_gemm_tma", _supports, _configs, _run)

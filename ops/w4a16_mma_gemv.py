@@ -22,7 +22,7 @@ the products are exact and the tensor core accumulates in float32, so no bf16 pa
 Scales: per 128-code step (group sizes that are multiples of 128) the step's dot of each row
 times its scale into a float32 accumulator; per-channel once at the end.
 
-On the H200 (eleventh session, BENCHMARKS.md) it is right for every config, but 30-40 %
+On the H200 (BENCHMARKS.md) it is right for every config, but 30-40 %
 slower at M = 1 than the HFMA2 word GEMV despite fewer instructions (4.2-4.8 SASS per weight
 byte at g128 against 5.6-6.3; e.g. 28672x4096: 30.3 against 21.5 us), with 1, 2 or 4 steps per
 iteration and with the next step's operands loaded one step ahead. It was not profiled, so the
@@ -43,9 +43,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._autotune import m_bucket, split_k_choices
 from ._views import aligned_view
-from ._wna16_common import finish_split, output_buffers
-from .w4a8_gemv import _split4
+from ._wna16_common import cdiv, finish_split, output_buffers
+from .jit_utils import split4
+from .kernel_family import KernelFamily, Problem
 from .wna16_gemv_words import act_pairs
 
 
@@ -119,7 +121,7 @@ def _group_sum(v, NW: tl.constexpr):
 def _mma_word(c0, c1, c2, c3, w_a, w_b, negz_a, negz_b, za, zb, xq, NW: tl.constexpr, IS_BF16: tl.constexpr, ASM: tl.constexpr):
     """``c += `` the dots of the words ``w_a`` (row g) and ``w_b`` (row g + 8) of one column with
     that column's activations ``xq`` (``[E, 4]`` uint32 pairs (x[2i], x[2i + 1]))."""
-    xa, xb, xc, xd = _split4(xq)
+    xa, xb, xc, xd = split4(xq)
     x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
     if ASM:
         if IS_BF16:
@@ -178,8 +180,8 @@ def _step_dots(wa, wb, xq, z_ptr, s_ptr, ra, rb, G, grp,
     zb = zb_u.to(tl.float32)
     zero = tl.zeros(ra.shape, tl.float32)
     c0, c1, c2, c3 = zero, zero, zero, zero
-    w0a, w1a, w2a, w3a = _split4(wa)
-    w0b, w1b, w2b, w3b = _split4(wb)
+    w0a, w1a, w2a, w3a = split4(wa)
+    w0b, w1b, w2b, w3b = split4(wb)
     x0, x1, x2, x3 = xq
     c0, c1, c2, c3 = _mma_word(c0, c1, c2, c3, w0a, w0b, negz_a, negz_b, za, zb, x0, NW, IS_BF16, ASM)
     c0, c1, c2, c3 = _mma_word(c0, c1, c2, c3, w1a, w1b, negz_a, negz_b, za, zb, x1, NW, IS_BF16, ASM)
@@ -290,3 +292,28 @@ def w4a16_mma_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | N
         ROW_TILES=cfg.get("ROW_TILES", 1), STEPS=steps_per_it, NW=nw, ASM=x.is_cuda, num_warps=nw, num_stages=LAUNCH_OPTIONS["num_stages"],
     )  # fmt: skip
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    # (row tiles, warps), 2 steps per iteration (1 and 4, and loading one step ahead, measured no faster)
+    out = []
+    for rt, warps in ((2, 4), (1, 4), (1, 8)):
+        programs = cdiv(p.n, 16 * rt * warps) * p.m
+        for sp in split_k_choices(p.k // 256, programs, p.sms):
+            out.append({"ROW_TILES": rt, "STEPS": 2, "SPLIT_K": sp, "num_warps": warps})
+    return out
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return w4a16_mma_gemv(x, qweight, scales, zeros, bias, group_size, cfg)
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if m_bucket(p.m) <= 2 and p.bits == 4 and mma_gemv_supported(p.k, p.group_size):
+        return True, ""
+    return False, "4-bit, M bucket <= 2, K % 128 == 0, group -1 or a multiple of 128"
+
+
+FAMILY = KernelFamily("mma_gemv", "w4a16_mma_gemv", _supports, _configs, _run, default=False,
+                      why_opt_in="tensor-core GEMV: right on the H200, 30-40 % slower there than the HFMA2 word GEMV at M = 1 "
+                                 "(28672x4096: 30.5 against 21.5 us); a candidate for GPUs where the word GEMV is slower")

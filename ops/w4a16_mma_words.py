@@ -36,7 +36,7 @@ group)::
     acc[n, m] *= s[n] after the loop                              per-channel (GROUP == -1)
 
 ``BYTE_PAIRS`` (opt-in: 12-19 % slower than the plain form on the H200, fp16 g128, 6144x4096
-and 8192x8192 at M = 1-16, ninth session; not profiled): pair p is instead the two nibbles of byte p
+and 8192x8192 at M = 1-16; not profiled): pair p is instead the two nibbles of byte p
 (natural k, k + 1; one PRMT each, +2 instructions per word), i.e. natural
 ``k = 32c + 8q + 4sl + 2h + e``. Each activation pair is then two adjacent values, so the
 activation tile is a gathered load of 4-byte pieces that Triton pipelines by ``cp.async``
@@ -44,7 +44,7 @@ straight into the MMA's B buffer: no shared-memory store in the loop, and where 
 rescales the accumulator inside the loop (per-channel, SCALE_W) the wgmma stays asynchronous
 (PTX ``wgmma.wait_group 7`` against 0), overlapping the next tile's dequantization.
 
-Timed on the H200 and dropped (eighteenth session, M = 16, three large shapes): the next one or two
+Timed on the H200 and dropped (M = 16, three large shapes): the next one or two
 tiles' words loaded straight into registers an iteration ahead instead of by cp.async stages
 (1.48-1.50x slower: Triton then takes the dequantized tile through shared memory, STSM / LDSM, to
 reach wgmma's layout), and 6 or 8 stages (0.91-0.99x the best shallower config).
@@ -64,8 +64,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._autotune import m_bucket, split_k_choices
 from ._views import aligned_view
-from ._wna16_common import mma, output_buffers, store_tile, tile_coords
+from ._wna16_common import cdiv, mma, output_buffers, split_for, store_tile, tile_coords
+from .kernel_family import KernelFamily, Problem
 
 # One word -> 4 pairs of 16-bit values. $8 the word, $9 -(MAGIC + z), ($10 the scale). Pair p is
 # nibbles (p, p + 4), in place at bits 4p and 16 + 4p after one shift; with BYTE_PAIRS it is the
@@ -262,3 +264,66 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
         num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    """ops/w4a16_mma_words.py configs for M bucket <= 64 (BLOCK_M tokens: 16, 32 or 64), the
+    heuristic pick first: 128 weight rows on 8 warps, 4 stages, ~2 programs per SM. H200, M = 1
+    and 16, five shapes: 128 rows / 8 warps was the best tile on 9 of 10 points;
+    64 rows / 4 warps and 256 / 8 were 0-30 % slower; two or four 128-code tiles per iteration
+    (longer runs of each row) were slower everywhere. ``SCALE_W`` (the scale on the weights,
+    the reference's rounding) where the group allows it; needed for groups 32 and 64."""
+    m, n, k, group_size, sms = p.m, p.n, p.k, p.group_size, p.sms
+    bm = max(16, min(64, m_bucket(m)))
+    forms = [sw for sw in (False, True) if mma_words_supported(k, group_size, sw)]
+    # (rows, warps, stages, ptxas register cap): ncu on the shipped M = 16 picks (128 rows, 4 warps,
+    # 167 registers) found 3 blocks per SM, 0.57-0.65 waves and under 2 warps per scheduler; a cap
+    # of 128 (4 warps) / 80 (8 warps) spills nothing (sm_90 SASS, triton 3.6: loop +1-3 %) and
+    # lets 4 / 3 blocks share an SM. Opt-in (MAXNREG): right on the GPU, but in an H200 tune
+    # they won 2 of 15 keys by <= 2.4 %, and one of those wins (8192x8192 M = 1: 18.6 us) did
+    # not hold in the same run's timing pass (20.6 us)
+    tiles = ((128, 8, 4, 0), (128, 4, 4, 0), (64, 4, 4, 0), (256, 8, 3, 0), (128, 4, 4, 128), (128, 8, 4, 80))
+    if exhaustive:
+        tiles += ((128, 8, 3, 0), (128, 4, 3, 0), (64, 4, 3, 0), (128, 4, 3, 128))
+    # 6 and 8 stages (more bytes in flight: DRAM 38-43 % busy at M = 16) were never faster on the H200:
+    # the best of them 0.91-0.99x the best shallower config at M = 16, five shapes
+    out = []
+    for bn, warps, stages, cap in tiles:
+        programs = cdiv(n, bn) * cdiv(m, bm)
+        first = split_for(programs, k, 128, sms)
+        splits = [first] + [s for s in split_k_choices(k // 128, programs, sms) if s != first]
+        for sp in splits if exhaustive or bn == 128 else splits[:1]:
+            for sw in forms:
+                c = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "GROUP_M": 8,
+                     "num_warps": warps, "num_stages": stages, **({"MAXNREG": cap} if cap else {})}
+                out.append(c)
+                # opt-in (H200: 12-19 % slower than the plain form on 10 fp16 keys): codes
+                # paired within a byte, so the activations arrive by 4-byte async copies and the wgmma
+                # stays asynchronous where nothing rescales the accumulator in the loop (per-channel,
+                # SCALE_W; PTX wait_group 7 instead of 0);
+                # +15 % loop instructions (sm_90 SASS, 128 rows / 4 warps, per-channel: 344 against 298);
+                # and in 9 of its 12 g128 tiles ptxas writes registers of wgmmas in flight (qfuse bench sass)
+                if bn == 128 and not cap and (sw or group_size == -1):
+                    out.append({**c, "BYTE_PAIRS": True})
+    return out
+
+
+def _opt_in(cfg: dict) -> str:
+    if "MAXNREG" in cfg:
+        return "MAXNREG: won 2 of 15 H200 keys by <= 2.4 %, not confirmed in the timing pass"
+    if "BYTE_PAIRS" in cfg:
+        return "BYTE_PAIRS: 12-19 % slower on the H200; ptxas writes registers of wgmmas in flight in 9 of 12 g128 tiles"
+    return ""
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return w4a16_mma_words(x, qweight, scales, zeros, bias, group_size, cfg)
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if p.bits == 4 and m_bucket(p.m) <= 64 and any(mma_words_supported(p.k, p.group_size, sw) for sw in (False, True)):
+        return True, ""
+    return False, "4-bit, M bucket <= 64, K % 128 == 0 and a group it reads"
+
+
+FAMILY = KernelFamily("mma_words", "w4a16_mma_words", _supports, _configs, _run, opt_in=_opt_in)

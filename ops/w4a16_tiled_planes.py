@@ -2,7 +2,7 @@
 packed registers: ~2.75 SASS instructions per weight byte for the dequantization and 5.1-6.5
 for the whole decode loop (sm_90, 4 planes, M = 16-64), against 8.1-9.4 for
 ops/wna16_tiled_words.py and ~13 for ops/wna16_tiled.py. On the H200 it is the measured
-best W4A16 kernel at M = 2-32 (1.34-1.68x bf16 at M = 16; BENCHMARKS.md, runs E / F).
+best W4A16 kernel at M = 2-32 (1.34-1.68x bf16 at M = 16; BENCHMARKS.md).
 
 Same tiling, split-K and scale placement as ops/wna16_tiled.py (one program: a
 ``[BLOCK_M, BLOCK_N]`` output tile over a ``1 / SPLIT_K`` slice of K; ``BLOCK_K <= group``).
@@ -44,9 +44,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._autotune import m_bucket
 from ._views import aligned_view
-from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords
-from .wna16_tiled import k_plan
+from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords, weight_major_tiles
+from .kernel_family import KernelFamily, Problem
+from .wna16_tiled import k_plan, tiled_configs
 
 # lop3 immLut 0xEA = (a & b) | c. bf16: sub.bf16x2 needs sm_90, fma.rn.bf16x2 runs from sm_80.
 _PLANES_BF16 = tl.constexpr("""{
@@ -289,3 +291,59 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
     )  # fmt: skip
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    gk = p.group_size if p.group_size > 0 else 256
+    return _planes_configs(tiled_configs(p, exhaustive), m_bucket(p.m), p.k, gk, exhaustive)
+
+
+def _planes_configs(tiled: list[dict], mb: int, k: int, gk: int, exhaustive: bool) -> list[dict]:
+    """ops/w4a16_tiled_planes.py configs: each decode / mid-M ``tiled`` config with the weights as
+    the MMA's A operand, with 4 planes (int16 halves, BLOCK_K >= 64) and 2 planes (bytes);
+    for M bucket >= 64 a few large weight-major tiles (wgmma's N side takes up to 256 tokens)."""
+    four_ok = k % 4 == 0
+    out = []
+    for c in tiled:
+        if c["BLOCK_M"] > 64:
+            continue
+        if four_ok and c["BLOCK_K"] >= 64:
+            out.append({**c, "SWAP_AB": True, "PLANES": 4})
+        out.append({**c, "SWAP_AB": True, "PLANES": 2})
+        if exhaustive:
+            out.append({**c, "SWAP_AB": False, "PLANES": 2})
+        # JOIN: planes joined back to natural K order, the scale on the weights: one asynchronous
+        # wgmma per slice (register A = weights, pipelined shared B = activations); opt-in
+        # (_planes_opt_in: ptxas writes registers of wgmmas in flight in some of its tiles)
+        join = {**c, "SWAP_AB": True, "JOIN": True, "SCALE_AFTER_DOT": False}
+        out.append({**join, "PLANES": 4 if four_ok and c["BLOCK_K"] >= 64 else 2})
+        if exhaustive and four_ok and c["BLOCK_K"] >= 64:
+            out.append({**join, "PLANES": 2})
+    if mb >= 64:
+        for bm, bn, bk, warps, stages in weight_major_tiles(mb, exhaustive):
+            bk = min(bk, gk)
+            for planes in (4, 2) if exhaustive else (4,):
+                if planes == 2 or (four_ok and bk >= 64):
+                    out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8, "SWAP_AB": True,
+                                "JOIN": True, "SCALE_AFTER_DOT": False, "PLANES": planes, "num_warps": warps, "num_stages": stages})
+        for bm, bn, bk, warps, stages in ((64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3)):
+            bk = min(bk, gk)
+            if bm <= 2 * mb:
+                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
+                            "SWAP_AB": True, "PLANES": 4 if four_ok and bk >= 64 else 2, "num_warps": warps, "num_stages": stages})
+    return out
+
+
+def _opt_in(cfg: dict) -> str:
+    if cfg.get("JOIN"):
+        return ("JOIN: ptxas overwrites registers of wgmmas in flight in 5 of 20 g128 and 10 of 32 per-channel tiles "
+                "(triton 3.6.0, qfuse bench sass); never a shipped pick")
+    return ""
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return w4a16_tiled_planes(x, qweight, scales, zeros, bias, group_size, cfg)
+
+
+FAMILY = KernelFamily("tiled_planes", "w4a16_tiled_planes", lambda p: (True, "") if p.bits == 4 else (False, "4-bit only"), _configs, _run,
+                      opt_in=_opt_in)

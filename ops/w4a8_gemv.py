@@ -1,6 +1,6 @@
 """CUDA-core GEMV for ``w4a8_gemm`` at decode M (candidates for M <= 8): int32 weight words, dp4a.
 
-Same math and bits as ops/int8_gemm_kernels.py (the op's contract)::
+Same math and bits as ops/int8_common.py (the op's contract)::
 
     acc[m, n] = sum_k int32(xq[m, k]) * (u[n, k] - 8) * group_scale[n, k // 128]   exact int32
     out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
@@ -24,8 +24,8 @@ issue-bound there (BENCHMARKS.md, int8_gemm). Here the packed bytes are never un
   ``dp4a(0xF8F8F8F8, x, c)`` (signed bytes -8) over the activation words, once per column
   and token for all the thread's rows: it is where each row's ``t_lo`` starts. (A separate
   per-column running sum for per-channel, added once at the end, put 4 more shared-memory
-  layout conversions and barriers in the loop: 6 against 2 at 4 rows x 32 columns; tenth
-  session, 24-30 % slower there on the H200.)
+  layout conversions and barriers in the loop: 6 against 2 at 4 rows x 32 columns,
+  24-30 % slower there on the H200.)
 * A tile covers 4 consecutive words (32 codes) of BLOCK_W columns per row (16-byte loads); a
   column lies in one group of 128 codes, so with group 128 each column's exact int32 partial
   is multiplied by its integer group scale (``acc += (t_lo + (t_hi >> 4)) * gs``, gs per
@@ -52,7 +52,9 @@ import triton.language as tl
 from ._autotune import split_k_choices
 from ._views import aligned_view
 from ._zeroed_workspace import zeroed_int32
-from .int8_gemm_kernels import _epilogue, take_split_sum
+from .int8_common import dp4a_s, finish_tokens
+from .jit_utils import split4
+from .kernel_family import KernelFamily, Problem
 
 _HI_MASK = tl.constexpr(-252645136)  # 0xF0F0F0F0 as an int32
 _MINUS_8 = tl.constexpr(-117901064)  # 0xF8F8F8F8: four signed bytes of -8
@@ -76,18 +78,6 @@ def _dp4a_u(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _dp4a_s(a, b, c, ASM: tl.constexpr):
-    """``c + sum_i sbyte_i(a) * sbyte_i(b)`` (int32)."""
-    if ASM:
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        for i in tl.static_range(4):
-            c += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
-        return c
-
-
-@triton.jit
 def _even_odd_bytes(xa, xb, ASM: tl.constexpr):
     """``([xa.b0, xa.b2, xb.b0, xb.b2], [xa.b1, xa.b3, xb.b1, xb.b3])`` as int32 words."""
     if ASM:
@@ -102,31 +92,22 @@ def _even_odd_bytes(xa, xb, ASM: tl.constexpr):
 
 
 @triton.jit
-def _split4(t):
-    """``[..., 4]`` -> its four slices ``[...]`` (in-thread registers: the 4 axis is per thread)."""
-    a, b = tl.split(t.reshape(t.shape[:-1] + (2, 2)))  # a: j = 0, 2; b: j = 1, 3
-    t0, t2 = tl.split(a)
-    t1, t3 = tl.split(b)
-    return t0, t1, t2, t3
-
-
-@triton.jit
 def _token_partial(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, x_ptrs, ASM: tl.constexpr):
     """One token over the tile: ``sum_k (u - 8) * x[k]`` per row and column [BLOCK_N, BLOCK_W], exact int32."""
     xw = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_W, 8] activation words of the column's 4 weight words
     xa, xb = tl.split(xw.reshape(xw.shape[0], 4, 2))  # [BLOCK_W, 4]: x[8w .. 8w+3], x[8w+4 .. 8w+7]
     xe, xo = _even_odd_bytes(xa, xb, ASM)
-    xe0, xe1, xe2, xe3 = _split4(xe)
-    xo0, xo1, xo2, xo3 = _split4(xo)
+    xe0, xe1, xe2, xe3 = split4(xe)
+    xo0, xo1, xo2, xo3 = split4(xo)
     minus8 = tl.full(xe0.shape, _MINUS_8, tl.int32)
-    cx = _dp4a_s(minus8, xe0, tl.zeros_like(xe0), ASM)  # -8 * sum x per column: shared by every row of the thread
-    cx = _dp4a_s(minus8, xe1, cx, ASM)
-    cx = _dp4a_s(minus8, xe2, cx, ASM)
-    cx = _dp4a_s(minus8, xe3, cx, ASM)
-    cx = _dp4a_s(minus8, xo0, cx, ASM)
-    cx = _dp4a_s(minus8, xo1, cx, ASM)
-    cx = _dp4a_s(minus8, xo2, cx, ASM)
-    cx = _dp4a_s(minus8, xo3, cx, ASM)
+    cx = dp4a_s(minus8, xe0, tl.zeros_like(xe0), ASM)  # -8 * sum x per column: shared by every row of the thread
+    cx = dp4a_s(minus8, xe1, cx, ASM)
+    cx = dp4a_s(minus8, xe2, cx, ASM)
+    cx = dp4a_s(minus8, xe3, cx, ASM)
+    cx = dp4a_s(minus8, xo0, cx, ASM)
+    cx = dp4a_s(minus8, xo1, cx, ASM)
+    cx = dp4a_s(minus8, xo2, cx, ASM)
+    cx = dp4a_s(minus8, xo3, cx, ASM)
     t_lo = _dp4a_u(lo0, xe0[None, :], cx[None, :], ASM)  # the column's -8 * sum x starts every row's sum
     t_lo = _dp4a_u(lo1, xe1[None, :], t_lo, ASM)
     t_lo = _dp4a_u(lo2, xe2[None, :], t_lo, ASM)
@@ -145,46 +126,6 @@ def _accumulate(acc, x_ptrs, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED
     if GROUPED:
         return acc + part * gs  # exact: a column lies in one group, gs an integer
     return acc + part
-
-
-@triton.jit
-def _finish(acc, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, offs_n, rn, M, N, split_k,
-            SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Row ``m`` of the output from its int32 lanes: sum, split-K reduction, float epilogue."""
-    res = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1] exact int32
-    offs_m = tl.full((1,), 0, tl.int32) + m
-    rows_m = tl.minimum(offs_m, M - 1)
-    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-    if SPLIT:
-        ws_ptrs = acc_ws_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.atomic_add(ws_ptrs, res, mask=mask, sem="relaxed")
-        tl.debug_barrier()  # every thread's partial is issued before the counter moves
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel")  # one counter per (weight tile, token)
-        if arrived == split_k - 1:
-            res = take_split_sum(ws_ptrs, mask, counter)
-            _epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
-                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    else:
-        _epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
-                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-
-
-@triton.jit
-def finish_tokens(acc0, acc1, acc2, acc3, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k,
-                  BLOCK_M: tl.constexpr, SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr,
-                  HAS_BIAS: tl.constexpr):
-    """Rows ``m0 .. m0 + BLOCK_M - 1`` (1, 2 or 4 tokens) of the output from their int32 lanes
-    (``acc1..3`` unused below BLOCK_M); ``counters``: the tile's first split-K arrival counter."""
-    _finish(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k,
-            SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    if BLOCK_M > 1:
-        _finish(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 1, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-    if BLOCK_M > 2:
-        _finish(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 2, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-        _finish(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 3, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -244,8 +185,8 @@ def _w4a8_gemv_kernel(
             w_ptrs += 4 * BLOCK_W
         if GROUPED:  # tiles start on a multiple of min(4 * BLOCK_W, 16) words: the groups add up
             gs = tl.load(gs_rows + (w_start + it * (4 * BLOCK_W)) // 16).to(tl.int32)
-        lo0, lo1, lo2, lo3 = _split4(words & 0x0F0F0F0F)  # even codes, unsigned bytes
-        hi0, hi1, hi2, hi3 = _split4(words & _HI_MASK)  # odd codes x 16, unsigned bytes
+        lo0, lo1, lo2, lo3 = split4(words & 0x0F0F0F0F)  # even codes, unsigned bytes
+        hi0, hi1, hi2, hi3 = split4(words & _HI_MASK)  # odd codes x 16, unsigned bytes
         acc0 = _accumulate(acc0, x0, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
         if BLOCK_M > 1:
             acc1 = _accumulate(acc1, x1, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, gs, GROUPED, DP4A_ASM)
@@ -312,7 +253,7 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
 # (row, column) lane per thread: 2-4 rows of 512-1024 bytes, 2-4 warps, N / 2 - N / 4 programs.
 # So many small programs keep the most loads in flight (an SM holds 32 of them): on the H200 at
 # M = 1, 2 x 32 / 2 warps took 28672x4096 from 24.3 to 17.6 us, 4096x14336 from 14.8 (the
-# `mma_words` pick) to 9.7 with 2 x 64 / 4 warps (tenth session, BENCHMARKS.md); a plain read
+# `mma_words` pick) to 9.7 with 2 x 64 / 4 warps (BENCHMARKS.md); a plain read
 # of the same bytes with such tiles was the fastest there too (3.9 TB/s at 58.7 MB). Their loop
 # costs more per byte (sm_90 SASS, triton 3.7.1: 4.4-4.6 instructions per weight byte at 2 x 32
 # and 2 x 64, against 1.7-2.6 below), which a memory-bound GEMV has to spare.
@@ -335,10 +276,30 @@ def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -
     bm = 1 if m == 1 else 2 if m == 2 else 4
     out = []
     for bn, bw, warps in _SHAPES[bm]:
-        cfg = {"KERNEL": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
                "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
         if not gemv_supported(k, group_size, cfg):
             continue
         programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
         out += [dict(cfg, SPLIT_K=s) for s in split_k_choices(k // 8 // (4 * bw), programs, sms)]
     return out + [dict(c, PREFETCH=1) for c in out]
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if p.bits != 4:
+        return False, "W4A8 only"
+    if not p.gpu:
+        return False, "needs a GPU (dp4a / prmt inline PTX)"
+    if p.m > 8:
+        return False, "M > 8"
+    if p.group_size not in (-1, 128):
+        return False, "reads groups of 128 or per channel only"
+    return True, ""
+
+
+def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
+    return run_w4a8_gemv(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=cfg)
+
+
+FAMILY = KernelFamily("gemv", "w4a8_gemv", _supports,
+                      lambda p, exhaustive: gemv_configs(p.m, p.n, p.k, p.group_size, p.sms, asm=True), _run)

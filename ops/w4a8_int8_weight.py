@@ -25,6 +25,10 @@ import triton
 import triton.language as tl
 
 from ._views import aligned_view
+from .int8_gemm_tma import FAMILY as TMA
+from .int8_gemm_tma import tma_configs
+from .int8_tile import run_int8_tile, tile_configs
+from .kernel_family import KernelFamily, Problem
 
 _BYTE_SIGN = tl.constexpr(-2139062144)  # 0x80808080 as an int32
 
@@ -78,3 +82,30 @@ def w4_to_int8(qweight, group_scale, block_n: int = 32, block_w: int = 64):
         n, kw, groups, kw // groups, GROUPED=group_scale is not None, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if p.bits != 4:
+        return False, "W4A8 only"
+    if not p.gpu:
+        return False, "needs a GPU"
+    if p.m <= 64 or p.k % 8:
+        return False, "M > 64 and K % 8 == 0 only (the weight pass costs N*K bytes per call)"
+    return True, ""
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    """The W8A8 configs of the tile kernel, then (``TMA``) of the TMA kernel, that run on the int8 weight."""
+    tma = [dict(c, TMA=1) for c in tma_configs(p.m, p.k)] if p.tma else []
+    return tile_configs(p.m, p.n, p.k, -1, p.sms) + tma
+
+
+def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
+    inner = {key: v for key, v in cfg.items() if key not in ("kernel", "TMA")}
+    w8 = w4_to_int8(w, group_scale)
+    if cfg.get("TMA"):
+        return TMA.run(inner, xq, x_scale, w8, w_scale, None, bias, out_dtype, False)
+    return run_int8_tile(xq, x_scale, w8, w_scale, None, bias, out_dtype, w4=False, config=inner)
+
+
+FAMILY = KernelFamily("w8", "w4a8_int8_weight", _supports, _configs, _run)

@@ -1,7 +1,7 @@
 """Decode-M tensor-core kernel for ``w4a8_gemm``: the natural int4 packing straight into the int8
 MMA's register A operand, the activations permuted to the packing's code order.
 
-Same math and bits as ops/int8_gemm_kernels.py (the op's contract)::
+Same math and bits as ops/int8_common.py (the op's contract)::
 
     acc[m, n] = sum_k int32(xq[m, k]) * (u[n, k] - 8) * group_scale[n, k // 128]   exact int32
     out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
@@ -38,7 +38,7 @@ int8 ops)::
 op's bound). One program: a ``[BLOCK_N, BLOCK_M]`` tile of ``out^T`` (weight rows on the MMA's
 64-row M side, the few tokens on its N side) over a ``1 / SPLIT_K`` slice of K; split-K adds
 exact int32 partials into the persistent zeroed workspace and the last split runs the float
-epilogue (ops/int8_gemm_kernels.py), so the output is bit-identical to the reference. The
+epilogue (ops/int8_common.py), so the output is bit-identical to the reference. The
 opt-in stream-K form (``STREAM``) splits the (tile, K tile) units evenly over the grid instead.
 Needs K % 128 == 0.
 """
@@ -51,7 +51,8 @@ import triton.language as tl
 
 from ._autotune import m_bucket, sm_count, split_k_choices
 from ._zeroed_workspace import zeroed_int32
-from .int8_gemm_kernels import _nibbles_minus_8, _scaled_nibbles, finish_tile, tile_of
+from .int8_common import finish_tile, nibbles_minus_8, scaled_nibbles, tile_of
+from .kernel_family import KernelFamily, Problem
 
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 4, "enable_fp_fusion": False}
@@ -60,9 +61,9 @@ LAUNCH_OPTIONS = {"num_stages": 4, "enable_fp_fusion": False}
 @triton.jit
 def _codes_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
     """``int8(nibble - 8)`` of every byte of uint8 ``p``: its low nibble, or with HIGH its high one.
-    ASM: ops/int8_gemm_kernels.py's PTX, four bytes per 32-bit register (3-4 instructions)."""
+    ASM: ops/int8_common.py's PTX, four bytes per 32-bit register (3-4 instructions)."""
     if ASM:
-        return _nibbles_minus_8(p, 4 if HIGH else 0)
+        return nibbles_minus_8(p, 4 if HIGH else 0)
     else:
         s = (p ^ 0x88).to(tl.int8, bitcast=True)  # each nibble now holds u - 8 in two's complement
         if HIGH:
@@ -75,12 +76,12 @@ def _codes_minus_8(p, HIGH: tl.constexpr, ASM: tl.constexpr):
 def _scaled_codes_minus_8(p, g, c, HIGH: tl.constexpr, ASM: tl.constexpr):
     """``int8((nibble - 8) * g)`` of every byte of uint8 ``p``; ``g`` the integer group scale in
     [1, 16] of the byte's row (int32, broadcast), ``c = (128 - 8 g) * 0x01010101``. ASM:
-    ops/int8_gemm_kernels.py's multiply-add PTX (one instruction more than the unscaled unpack),
+    ops/int8_common.py's multiply-add PTX (one instruction more than the unscaled unpack),
     which takes the first of a register's four ``g`` for all four bytes: right here because a
     register's four bytes lie in one row (a lane's 16 bytes of a row; the GPU tests check every
     config bit for bit)."""
     if ASM:
-        return _scaled_nibbles(p, g, c, 4 if HIGH else 0)
+        return scaled_nibbles(p, g, c, 4 if HIGH else 0)
     else:
         return (_codes_minus_8(p, HIGH, False).to(tl.int32) * g).to(tl.int8)  # |(u - 8) g| <= 128: exact
 
@@ -163,7 +164,7 @@ def _w4a8_mma_words_stream_kernel(
     contributor count follows from the same formula), so every SM gets the same work whatever
     the tile count (224 tiles of 128 rows on 132 SMs: 1.7 each). Opt-in: bit-exact on the H200
     but slower than the split-K grid at M = 1 (28672x4096: 25.7 against 24.0 us, 4096x14336:
-    16.0 against 13.6, best of 1-8 programs per SM; ninth session), so the tile-count imbalance
+    16.0 against 13.6, best of 1-8 programs per SM), so the tile-count imbalance
     is not what limits the split-K grid there."""
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
@@ -247,7 +248,7 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
 # (weight rows BLOCK_N, warps, stages). sm_90 SASS of the loop (triton 3.6, 16 tokens; `qfuse bench
 # sass w4a8_mma_words`), instructions per weight byte, per-channel / group 128: 128 rows / 4 warps
 # 3.03 / 3.44, 128 / 8 warps 3.59 / 4.38, 64 / 4 warps 3.72 / 4.47 (the tile kernel of
-# ops/int8_gemm_kernels.py: 5.7-6.7 / 6.5-8.4 with GS_PARTIAL). No shuffle on the weight side; the
+# ops/int8_tile.py: 5.7-6.7 / 6.5-8.4 with GS_PARTIAL). No shuffle on the weight side; the
 # activation permutation costs 4 PRMT + 4 STS per iteration at 16 tokens, 16 + 16 at 64 (compiled
 # without it, the tile goes by cp.async straight to shared memory and the loop has none)
 _TILES = ((128, 4, 4), (128, 8, 4), (64, 4, 4), (128, 4, 6), (64, 4, 6), (256, 8, 3))
@@ -260,7 +261,7 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     ``GS_FOLD``.
     The first is the heuristic pick (what runs untuned): 128 rows / 8 warps up to M = 8, else
     64 rows / 4 warps (4 stages), split to about two programs per SM: the tiles the H200 tune
-    picked most often (BENCHMARKS.md, ninth session: of the 14 keys at M = 1-4 it won, 12 with
+    picked most often (BENCHMARKS.md: of the 14 keys at M = 1-4 it won, 12 with
     128 rows / 8 warps; of the 19 at M = 16-64, 17 with 64 rows / 4 warps, 4 or 6 stages)."""
     if m > 64 or not mma_words_supported(k) or group_size not in (-1, 128):  # its tiles are groups of 128
         return []
@@ -269,16 +270,43 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     for bn, warps, stages in _TILES:
         programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
         for sp in split_k_choices(k // 128, programs, sms):
-            out.append({"KERNEL": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "GROUP_N": 8,
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "GROUP_N": 8,
                         "num_warps": warps, "num_stages": stages})
     bn, warps = (128, 8) if m_bucket(m) <= 8 else (64, 4)
     tile = [c for c in out if (c["BLOCK_N"], c["num_warps"], c["num_stages"]) == (bn, warps, 4)]
     programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     first = min(tile, key=lambda c: max(programs * c["SPLIT_K"], 2 * sms) / min(programs * c["SPLIT_K"], 2 * sms))
     out = [first] + [c for c in out if c is not first]
-    if m_bucket(m) <= 16:  # stream-K, opt-in (int8_gemm_kernels.is_experimental: slower on the H200), 1 or 2 programs per SM
-        out += [{"KERNEL": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "STREAM": per_sm, "GROUP_N": 8, "num_warps": warps, "num_stages": 4}
+    if m_bucket(m) <= 16:  # stream-K, opt-in (FAMILY's opt_in: slower on the H200), 1 or 2 programs per SM
+        out += [{"BLOCK_M": bm, "BLOCK_N": bn, "STREAM": per_sm, "GROUP_N": 8, "num_warps": warps, "num_stages": 4}
                 for bn, warps in ((128, 8), (128, 4), (64, 4)) for per_sm in (1, 2)]
     if group_size == 128:  # group 128 also with the scale folded into the int8 operand
         out += [dict(c, GS_FOLD=1) for c in out]
     return out
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if p.bits != 4:
+        return False, "W4A8 only"
+    if not p.gpu:
+        return False, "needs a GPU (inline-PTX unpack)"
+    if p.m > 64:
+        return False, "M > 64"
+    if not mma_words_supported(p.k) or p.group_size not in (-1, 128):
+        return False, "K % 128 != 0, or a group other than 128 (its tiles are groups of 128)"
+    return True, ""
+
+
+def _opt_in(cfg: dict) -> str:
+    if cfg.get("STREAM"):
+        return ("STREAM: stream-K, bit-exact on the H200 but slower than its split-K grid (per-channel M = 1: 25.7 against "
+                "24.0 us on 28672x4096, 16.0 against 13.6 on 4096x14336)")
+    return ""
+
+
+def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
+    return run_w4a8_mma_words(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=cfg)
+
+
+FAMILY = KernelFamily("mma_words", "w4a8_mma_words", _supports,
+                      lambda p, exhaustive: mma_words_configs(p.m, p.n, p.k, p.sms, p.group_size), _run, opt_in=_opt_in)

@@ -1,6 +1,6 @@
 """CUDA-core GEMV for ``w8a8_gemm`` at decode M (1..8): int32 words of four int8 codes, dp4a.
 
-Same math and bits as ops/int8_gemm_kernels.py (the op's contract)::
+Same math and bits as ops/int8_common.py (the op's contract)::
 
     acc[m, n] = sum_k int32(xq[m, k]) * int32(wq[n, k])                      exact int32
     out[m, n] = out_dtype( float32(acc) * x_scale[m] * w_scale[n] + float32(bias[n]) )
@@ -23,7 +23,9 @@ import triton.language as tl
 
 from ._views import aligned_view
 from ._zeroed_workspace import zeroed_int32
-from .w4a8_gemv import _dp4a_s, _split4, finish_tokens
+from .int8_common import dp4a_s, finish_tokens
+from .jit_utils import split4
+from .kernel_family import KernelFamily, Problem
 
 # compile options of a launch where the config does not set them (``qfuse bench sass`` compiles with the same)
 LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
@@ -32,11 +34,11 @@ LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
 @triton.jit
 def _token_dot(w0, w1, w2, w3, x_ptrs, acc, ASM: tl.constexpr):
     xw = tl.load(x_ptrs, eviction_policy="evict_last")  # [BLOCK_W, 4] activation words
-    x0, x1, x2, x3 = _split4(xw)
-    acc = _dp4a_s(w0, x0[None, :], acc, ASM)
-    acc = _dp4a_s(w1, x1[None, :], acc, ASM)
-    acc = _dp4a_s(w2, x2[None, :], acc, ASM)
-    return _dp4a_s(w3, x3[None, :], acc, ASM)
+    x0, x1, x2, x3 = split4(xw)
+    acc = dp4a_s(w0, x0[None, :], acc, ASM)
+    acc = dp4a_s(w1, x1[None, :], acc, ASM)
+    acc = dp4a_s(w2, x2[None, :], acc, ASM)
+    return dp4a_s(w3, x3[None, :], acc, ASM)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -80,7 +82,7 @@ def _w8a8_gemv_kernel(
         else:
             words = tl.load(w_ptrs, eviction_policy="evict_first")  # [BLOCK_N, BLOCK_W, 4]
             w_ptrs += 4 * BLOCK_W
-        w0, w1, w2, w3 = _split4(words)
+        w0, w1, w2, w3 = split4(words)
         acc0 = _token_dot(w0, w1, w2, w3, x0, acc0, DP4A_ASM)
         if BLOCK_M > 1:
             acc1 = _token_dot(w0, w1, w2, w3, x1, acc1, DP4A_ASM)
@@ -147,7 +149,7 @@ def gemv8_configs(m: int, n: int, k: int, sms: int, asm: bool) -> list[dict]:
     bm = 1 if m == 1 else 2 if m == 2 else 4
     out = []
     for bn, bw, warps in _SHAPES[bm]:
-        cfg = {"KERNEL": "gemv8", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
                "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
         if not gemv8_supported(k, cfg):
             continue
@@ -158,3 +160,22 @@ def gemv8_configs(m: int, n: int, k: int, sms: int, asm: bool) -> list[dict]:
             split *= 2
         out += [dict(cfg, SPLIT_K=s) for s in dict.fromkeys((split, max(1, split // 2)))]
     return out + [dict(c, PREFETCH=1) for c in out]
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if p.bits != 8:
+        return False, "W8A8 only"
+    if not p.gpu:
+        return False, "needs a GPU (dp4a inline PTX)"
+    if p.m > 8:
+        return False, "M > 8"
+    return True, ""
+
+
+def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
+    return run_w8a8_gemv(xq, x_scale, w, w_scale, bias, out_dtype, config=cfg)
+
+
+FAMILY = KernelFamily("gemv8", "w8a8_gemv", _supports, lambda p, exhaustive: gemv8_configs(p.m, p.n, p.k, p.sms, asm=True), _run,
+                      default=False, why_opt_in="W8A8 dp4a GEMV: right on the H200 grid but slower than the tile kernel at every "
+                      "measured point (M = 1: 10.8-50.6 us against 9.0-36.3); a candidate for GPUs without wgmma")

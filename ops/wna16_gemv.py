@@ -19,7 +19,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, load_codes, output_buffers, store_row, zero_plus_magic
+from ._autotune import m_bucket
+from ._wna16_common import cdiv, codes_minus_zero, load_codes, output_buffers, split_for, store_row, zero_plus_magic
+from .kernel_family import KernelFamily, Problem
 from .wna16_tiled import k_plan
 
 
@@ -78,3 +80,22 @@ def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    gk = p.group_size if p.group_size > 0 else 256  # BLOCK_K never spans two groups
+    out = []
+    bk = min(256, gk)
+    for bn in (64, 32):
+        split = split_for(cdiv(p.n, bn), p.k, bk, p.sms)
+        for sp in sorted({1, split} | ({2 * split} if exhaustive else set()), reverse=True):
+            for warps in (4, 8) if exhaustive else (4,):
+                out.append({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "num_warps": warps, "num_stages": 2})
+    return out
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return wna16_gemv(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+
+
+FAMILY = KernelFamily("gemv", "wna16_gemv", lambda p: (True, "") if m_bucket(p.m) <= 4 else (False, "M bucket > 4"), _configs, _run)

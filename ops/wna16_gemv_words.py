@@ -53,7 +53,7 @@ The activation pairs ``(x[t], x[t + 4])`` are built once per word column (one PR
 shared by the tile's rows. ~2 instructions per code (SHF, LOP3, packed FMA, packed FMA for
 two codes) against ~3: 5.6-6.1 SASS instructions per weight byte at g128 against 7.4-8.2 in
 the float32 form's tile layout (sm_90, triton 3.7.1; 6.0-6.3 with triton 3.6), 4.7-5.0 in its
-own (below). On the H200 at M = 1, g128, the best tile of each form (thirteenth session tune):
+own (below). On the H200 at M = 1, g128, the best tile of each form (tuned):
 28-34 % less time than the float32 form on all five shapes (28672x4096: 20.6 against 30.8 us),
 2.45-2.91x bf16. The cost is accuracy: each lane sum is rounded to bf16 after every
 product, 8 products per lane. Against the exact (float64) product of x and w_hat over 32 cases
@@ -67,8 +67,8 @@ not fit a bf16 mantissa with the magic-number trick (128 + u needs u < 128).
 The HFMA2 tile is loaded as one ``[BLOCK_N, BLOCK_W]`` block, so that a thread holds one word
 column of several rows and loads its activations once: 4.95 SASS instructions per weight byte
 at 32 x 128 g128 (4.73 per-channel) against 5.62 (5.35) for the same sums over a 3D
-``[BLOCK_N, NG, WPG]`` tile with triton 3.6, and 11-14 % faster at g128 on the H200 (twelfth
-session; the reason in the kernel's comment). The float32 form loads its tiles the same way.
+``[BLOCK_N, NG, WPG]`` tile with triton 3.6, and 11-14 % faster at g128 on the H200 (the
+reason in the kernel's comment). The float32 form loads its tiles the same way.
 
 One program: one activation row, BLOCK_N weight rows, a 1/SPLIT_K slice of K; the float32
 partial of a split goes through the shared deterministic single-launch split-K reduction
@@ -84,9 +84,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._autotune import m_bucket, split_k_choices
 from ._exact_triton import bf16_rne_f32
 from ._views import aligned_view
-from ._wna16_common import output_buffers, store_row
+from ._wna16_common import cdiv, output_buffers, store_row
+from .kernel_family import KernelFamily, Problem
 
 
 def _word_dot_ptx(words: int) -> str:
@@ -260,7 +262,7 @@ def _wna16_gemv_words_kernel(
         # activations of 32 columns through shared memory (8 STS.128 + 8 LDS.128), against 8
         # LDG.128 and 4 LDG.32 here: 5.62 against 4.95 SASS instructions per weight byte (the
         # same 4.95 with triton 3.7.1). On the H200 at M = 1, bf16, the best tile of each layout:
-        # 11-14 % faster at g128, 5 % per-channel (twelfth session; 8192x8192 g128 13.63 against
+        # 11-14 % faster at g128, 5 % per-channel (8192x8192 g128 13.63 against
         # 15.37 us).
         # bf16 pairs -(128 + z) = 0xC300 + z in both halves (the symmetric z = 8: 0xC308C308)
         if HAS_ZEROS and GROUP < 0:
@@ -380,3 +382,55 @@ def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor |
         BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    m, n, k, bits, group_size, sms = p.m, p.n, p.k, p.bits, p.group_size, p.sms
+    # (BLOCK_N, BLOCK_W, warps): 8-32 words per thread and tile. Wide tiles read longer runs of
+    # each row (BLOCK_W = 64: 256 / 128 bytes for 4 / 8 bits); a tile may span several groups.
+    # Per-channel, H200, M = 1 (BENCHMARKS.md, word GEMV tile width): 28672x4096 4-bit 26.4 us
+    # at BLOCK_W = 64 against 29.4 at 16; 8-bit 33.2 against 35.1 at 32.
+    shapes = ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8), (16, 128, 4), (32, 128, 8)) if bits == 4 else \
+             ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8), (32, 128, 8))
+    plain = []
+    for bn, bw, warps in shapes:
+        for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), cdiv(n, bn) * m, sms):
+            plain.append({"BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
+    out = list(plain)
+    if bits == 4 and p.dtype == torch.bfloat16:
+        # HFMA2 = 2: each word pair's 16 products summed in two bf16x2 lanes before float32,
+        # the tile loaded as [BLOCK_N, BLOCK_W] blocks: 4.95 SASS instructions per weight byte
+        # at 32 x 128 g128 (4.73 per-channel) against 7.4-8.2 for the float32 form (HFMA2 = 1,
+        # per word, is the launcher's fallback for tiles of an odd word count)
+        for bn, bw, warps in ((32, 128, 4), (16, 256, 4), (8, 128, 2), (8, 256, 4), (8, 512, 4), (16, 128, 2)):  # more rows or longer runs per thread
+            for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), cdiv(n, bn) * m, sms):
+                plain.append({"BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps})
+        out += [{**c, "HFMA2": 2} for c in plain]
+    # Opt-in (MAXNREG): a register cap for more resident warps. ncu on the H200 put the shipped
+    # 28672x4096 4-bit config at 95 registers, 5 blocks of 4 warps per SM and 0.69 issued warps
+    # per scheduler cycle; `qfuse bench sass` with triton 3.6: maxnreg 80 -> 80 registers, no
+    # spills, +2 % loop instructions (6 blocks per SM); 64 -> 72 B of spills, +8 %. Timed on the
+    # H200 at M = 1: no faster than without a cap on any of 4 shapes x 2 bit widths (e.g. 4-bit
+    # 8192x8192 64 x 32 split 4: 20.9 us with cap 80 against 19.7).
+    for bn, bw, warps in shapes[:5]:
+        for cap in (80, 64):
+            for sp in (4, 1):
+                out.append({"BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": warps, "MAXNREG": cap})
+    return out
+
+
+def _opt_in(cfg: dict) -> str:
+    return "MAXNREG: a register cap, never faster than without on the H200 (M = 1, 4 shapes x 2 bit widths)" if "MAXNREG" in cfg else ""
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return wna16_gemv_words(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if m_bucket(p.m) <= 2 and words_supported(p.k, p.bits, p.group_size):
+        return True, ""
+    return False, "M bucket > 2, or K not whole int32 words per group"
+
+
+FAMILY = KernelFamily("gemv_words", "wna16_gemv_words", _supports, _configs, _run, opt_in=_opt_in)

@@ -31,7 +31,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._wna16_common import codes_minus_zero, load_codes, mma, output_buffers, store_tile, tile_coords, zero_plus_magic
+from ._autotune import m_bucket
+from ._wna16_common import cdiv, codes_minus_zero, load_codes, mma, output_buffers, split_for, store_tile, tile_coords, zero_plus_magic
+from .kernel_family import KernelFamily, Problem
 
 
 @triton.jit
@@ -108,3 +110,37 @@ def wna16_tiled(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     return out
+
+
+def tiled_configs(p: Problem, exhaustive: bool) -> list[dict]:
+    """The tile configs: decode / mid-M tiles (split-K for skinny grids) up to M bucket 64, large tiles from 64."""
+    m, n, k, sms = p.m, p.n, p.k, p.sms
+    mb = m_bucket(m)
+    gk = p.group_size if p.group_size > 0 else 256
+    out = []
+    if mb <= 64:
+        bm = max(16, min(64, mb))
+        for bn in (64, 128):
+            for bk in sorted({min(128, gk), min(256, gk)}):
+                split = split_for(cdiv(m, bm) * cdiv(n, bn), k, bk, sms)
+                for sp in sorted({split, 1} | ({2 * split} if exhaustive else set()), reverse=True):
+                    for stages in (3, 4) if exhaustive else (3,):
+                        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp,
+                                    "SCALE_AFTER_DOT": bm < bk, "GROUP_M": 8, "num_warps": 4, "num_stages": stages})
+    if mb >= 64:
+        big = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)]
+        if exhaustive:
+            big += [(64, 256, 64, 8, 4), (128, 256, 128, 8, 3), (128, 128, 64, 4, 4), (64, 128, 128, 4, 4)]
+        for bm, bn, bk, warps, stages in big:
+            if bm > 2 * mb:
+                continue
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(bk, gk), "SPLIT_K": 1,
+                        "SCALE_AFTER_DOT": False, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
+    return out
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return wna16_tiled(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+
+
+FAMILY = KernelFamily("tiled", "wna16_tiled", lambda p: (True, ""), tiled_configs, _run)

@@ -38,10 +38,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._autotune import m_bucket
 from ._views import aligned_view
-from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords
+from ._wna16_common import mma, output_buffers, scaled_weights, store_tile, tile_coords, weight_major_tiles
+from .kernel_family import KernelFamily, Problem
 from .w4a16_tiled_planes import planes_in_k_order
-from .wna16_tiled import k_plan
+from .wna16_tiled import k_plan, tiled_configs
 
 
 @triton.jit
@@ -184,3 +186,45 @@ def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
         SWAP_AB=bool(cfg.get("SWAP_AB", False)), HALF_PLANES=halves, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    mb = m_bucket(p.m)
+    gk = p.group_size if p.group_size > 0 else 256
+    tiled = tiled_configs(p, exhaustive)
+    swapped = [{**c, "SWAP_AB": True} for c in tiled if c["BLOCK_M"] <= 64]
+    out = list(swapped)
+    if p.bits == 4 and exhaustive:
+        out += [{**c, "HALF_PLANES": True} for c in swapped if c["BLOCK_K"] >= 64]
+    out += tiled
+    if mb >= 64:
+        out += _swap_words_configs(mb, gk, p.bits, exhaustive)
+    return out
+
+
+def _swap_words_configs(mb: int, gk: int, bits: int, exhaustive: bool) -> list[dict]:
+    """Large ops/wna16_tiled_words.py tiles with the weights as wgmma's register A operand and
+    the activations (up to 256 tokens: wgmma's N side) as its shared-memory B operand, group
+    scale folded into the weights. Triton keeps that wgmma asynchronous (PTX: ``wait_group 3`` /
+    ``7``, the dot split into K = 16 pieces): the next tile's dequantization overlaps the MMAs.
+    The non-swapped tiles store the dequantized weights as the B operand to shared memory inside
+    the loop, which makes each slice's wgmma synchronous (``wait_group 0``; triton 3.6 / 3.7.1).
+    sm_90 registers (triton 3.6, 4-bit, g128): 128-238, no spills, so 4-warp tiles up to
+    128 x 128 fit two programs per SM. 4-bit: with and without the PTX half planes."""
+    out = []
+    for bm, bn, bk, warps, stages in weight_major_tiles(mb, exhaustive):
+        c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(bk, gk), "SPLIT_K": 1, "SCALE_AFTER_DOT": False,
+             "GROUP_M": 8, "SWAP_AB": True, "num_warps": warps, "num_stages": stages}
+        if bits == 4:
+            out.append({**c, "HALF_PLANES": True})
+        if bits == 8 or exhaustive:
+            out.append(c)
+    return out
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return wna16_tiled_words(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+
+
+FAMILY = KernelFamily("tiled_words", "wna16_tiled_words",
+                      lambda p: (True, "") if tiled_words_supported(p.k, p.bits) else (False, "K not whole int32 words"), _configs, _run)

@@ -43,7 +43,7 @@ tiled_tma`` prints it, tests/ops/test_wna16_tma.py checks it on the CPU):
   out asynchronous in 8 of the 14 tile shapes at split 2, and in all 8 ptxas wrote the next K
   tile's register A operands and scales while the wgmmas that read them were still in flight,
   which PTX leaves undefined. The 8-warp ones among them computed wrong results on the H200 (up
-  to a third of the output's range; seventh session), which the interpreter computes right. With
+  to a third of the output's range), which the interpreter computes right. With
   the zeros fixed, that source did it in all 5 tiles checked. The PTX pair planes above do not:
   no such write in any of 56 (tile shape, split, quant form) compiles, 4- and 8-bit, triton 3.6
   and 3.7.1. The 8-warp and ``TAIL_SPLIT`` 8-bit tiles are offered again.
@@ -54,8 +54,8 @@ when the next K tile's values are computed, so whether a tile is hit depends on 
 allocation. tests/ops/test_wna16_gemm_kernel.py checks every default-offered config's SASS for it.
 
 **``WORDS``** (4-bit, ``K % BLOCK_K == 0``; offered for the 64-token 128-deep and the 256-token 64-deep
-tiles, opt-in for the rest: ops/wna16_dispatch.py, ``_words_offered``; right in every GPU test since
-the seventeenth session): the bytes path above reads the weight tile from shared memory one byte per ``LDS.U8`` and
+tiles, opt-in for the rest: ops/wna16_dispatch.py, ``_words_offered``; right in every GPU test):
+the bytes path above reads the weight tile from shared memory one byte per ``LDS.U8`` and
 gathers the bytes with PRMTs, because wgmma's A fragment gives a lane the k pairs ``(2c, 2c + 1)``,
 ``(2c + 8, 2c + 9)`` of every 16-deep step: strided bytes. ``WORDS`` takes ops/w4a16_mma_words.py's
 way instead: int32 words by TMA, :func:`word_planes` (a word's 8 codes straight into one lane's A
@@ -65,16 +65,16 @@ loop, triton 3.6, g128 bf16: 16 x 128 x 128 / 4 warps 398 instructions against 6
 / 8 warps 185 against 229. Without a drain that loop hits triton#9433 in every tile checked, so
 each K tile first waits for the last one's wgmmas (``_DRAINED``: one ``wgmma.wait_group 0`` per 4
 words a thread holds): no write under a wgmma in flight, but this K tile's dequantization no
-longer overlaps the last one's MMAs in the same warps. On the H200 (seventeenth session, g128 bf16,
+longer overlaps the last one's MMAs in the same warps. On the H200 (g128 bf16,
 28672x4096 / 4096x14336 / 8192x8192) against the best other config: M = 64 1.19x / 1.01x / 1.07x,
 M = 16 0.88x / 0.81x / 0.83x, M = 256 1.04x / 0.86x / 0.97x, M = 1024 1.01x / 0.83x / 0.94x;
-eighteenth session's re-tune with the 256-token tiles offered: picked at M = 256-2048 on 28672x4096,
+re-tuned with the 256-token tiles offered, it is picked at M = 256-2048 on 28672x4096,
 1.02-1.05x the byte-path picks there.
 
-Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200,
-fourteenth session; it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
+Not warp-specialized: ``tl.range(..., warp_specialize=True)`` on this loop (triton 3.6, H200;
+it compiled only for 64-row weight tiles at 4 warps) ran 1.5-3.0x slower than
 the shipped picks at M = 16-1024, and with split-K it computed wrong sums and left the persistent
-split-K counters nonzero, so later launches went wrong too (BENCHMARKS.md, fourteenth session).
+split-K counters nonzero, so later launches went wrong too (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -84,9 +84,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._autotune import sm_count
+from ._autotune import m_bucket, sm_count
 from ._tma import tma_aligned
-from ._wna16_common import codes_minus_zero, grouped_tile, mma, output_buffers, split_workspace, store_tile
+from ._wna16_common import cdiv, codes_minus_zero, grouped_tile, mma, output_buffers, split_for, split_workspace, store_tile, weight_major_tiles
+from .kernel_family import KernelFamily, Problem
 from .w4a16_tiled_planes import planes_in_k_order
 from .wna16_tiled import split_k_slices
 
@@ -303,7 +304,7 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     # TAIL_SPLIT (opt-in): the tiles past the last whole wave of WAVE programs (TAIL_WAVE per SM, or
     # WAVE_PROGRAMS: tests) run in a second launch as TAIL_SPLIT slices of K each, so the last wave
     # is not mostly idle (one launch that did both ran 1.5x slower on the H200: its two epilogues
-    # took 255 registers and spilled, sm_90 SASS; fifteenth session's tune)
+    # took 255 registers and spilled, sm_90 SASS; timed in a tune)
     tail_split = cfg.get("TAIL_SPLIT", 0) if split_k == 1 else 0
     full = tiles
     if tail_split > 1:
@@ -332,3 +333,74 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
                                                       split_k_slices(k, bk, tail_split)[0],
                                                       SPLIT_K=tail_split, TAIL_SPLIT=tail_split, FULL_TILES=full, **consts)
     return out
+
+
+def _configs(p: Problem, exhaustive: bool) -> list[dict]:
+    m, n, k, sms = p.m, p.n, p.k, p.sms
+    mb = m_bucket(m)
+    gk = p.group_size if p.group_size > 0 else 256
+    out = []
+    # at M bucket 64 also tiles of 64 tokens with fewer weight rows (more programs); at 16-32
+    # tiles of the bucket's tokens (wgmma's N = 16 / 32), whose wgmmas stay asynchronous in SASS,
+    # against mma_words whose wgmma waits every iteration
+    small = [(64, 128, 64, 4, 4), (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)] if mb == 64 else []
+    # (5 / 6 stages of these: 0.88-0.98x the best shallower config at M = 64, H200)
+    if mb <= 32:
+        small = [(mb, 128, 128, 4, 4), (mb, 64, 128, 4, 4), (mb, 128, 64, 4, 4), (mb, 256, 64, 8, 4)]
+    for bm, bn, bk, warps, stages in small + weight_major_tiles(mb, exhaustive):
+        bk = min(bk, gk)
+        # split-K where the grid has fewer than ~2 tiles per SM (N = 4096 or 8192 at M = 256)
+        # (at most 4, 8 for the decode tiles: each split adds a float32 [M, N] partial to write and reread)
+        split = split_for(cdiv(m, bm) * cdiv(n, bn), k, bk, sms)
+        for sp in [s for s in (1, 2, 4, 8) if s <= split and (s < 8 or bm <= 32)]:
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
+                        "num_warps": warps, "num_stages": stages})
+            # the int32 words in wgmma's lane order, the activations permuted to match once per call
+            # (ops/wna16_tma.py, WORDS; sm_90 SASS: loop 19-39 % shorter, but a wgmma drain per K tile);
+            # offered for the 64-token 128-deep and 256-token 64-deep tiles only (_words_offered)
+            if p.bits == 4 and k % bk == 0:
+                out.append({**out[-1], "WORDS": True})
+        # opt-in: the tiles past the last whole wave split 2 ways along K, in a second launch (M = 512
+        # on 28672x4096: 448 tiles of 256x128 at one program per SM are 3.39 waves); TAIL_WAVE:
+        # programs per SM of the tile (sm_90 registers: 256x128 / 8 warps 172 -> 1; 256x64 / 4
+        # warps 170 -> 2). H200, M = 256 / 1024 on the three large shapes: 1.09-1.22x the best
+        # config's time where a tail exists (the float32 partials cost more than the idle part of
+        # the last wave; split 4 1.17-1.33x), so never picked
+        if mb >= 256 and bm == 256:
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
+                        "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
+    return out
+
+
+def _opt_in(cfg: dict) -> str:
+    if "TAIL_SPLIT" in cfg:
+        return "TAIL_SPLIT: right on the H200, 1.09-1.33x the best config's time where a tail exists"
+    if cfg.get("WORDS") and not _words_offered(cfg):
+        return "WORDS: offered for the 64 x 128 and 256 x 64 tiles only (elsewhere 0.83-0.97x on the H200)"
+    return ""
+
+
+def _words_offered(cfg: dict) -> bool:
+    """The ``WORDS`` TMA tiles offered by default: 64 tokens 128 codes deep (M bucket 64), and 256
+    tokens 64 deep (M bucket >= 128). H200 (right in every GPU test; tunes of g128 bf16 on the three
+    large shapes): at M = 64 the fastest config on all three, 1.19x / 1.01x / 1.07x the best other
+    (28672x4096: 42.2 against 50.1 us); at M = 16 14-24 % slower than ``mma_words``; at M = 256 /
+    1024 on 28672x4096 the fastest, 1.04x / 1.03x the best other (100.9 against 105.1 us, 348.0
+    against 359.6), on 4096x14336 and 8192x8192 0.83-0.97x (the tuner keeps the bytes path there);
+    elsewhere opt-in (BENCHMARKS.md)."""
+    return (cfg.get("BLOCK_M") == 64 and cfg.get("BLOCK_K") == 128) or (cfg.get("BLOCK_M") == 256 and cfg.get("BLOCK_K") == 64)
+
+
+def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
+    return wna16_tma(x, qweight, scales, zeros, bias, bits, group_size, cfg)
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if not p.tma:
+        return False, "no TMA on this GPU (compute capability < 9.0)"
+    if m_bucket(p.m) >= 16 and tma_supported(p.k, p.bits):
+        return True, ""
+    return False, "M bucket < 16, or weight rows not 16-byte multiples"
+
+
+FAMILY = KernelFamily("tiled_tma", "wna16_tma", _supports, _configs, _run, opt_in=_opt_in)

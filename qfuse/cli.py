@@ -4,6 +4,7 @@
     qfuse quantize MODEL_DIR --scheme S --out DIR      quantize a local HF model, save compressed-tensors
     qfuse eval MODEL_DIR --ppl [--text FILE]            perplexity of a quantized or float model
     qfuse info DIR                                       format, scheme per layer, bytes
+    qfuse kernels --explain M N K SCHEME                 kernel families considered / refused / picked for a GEMM
     qfuse bench NAME [options]                           NAME = a module of qfuse.bench (gemm, int8, decoder, ...)
     qfuse --version
 """
@@ -43,7 +44,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .commands import evaluate, info, quantize
+    from .commands import evaluate, info, kernels, quantize
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="qfuse", description="Quantized LLM inference under torch.compile.")
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     quantize.add_parser(sub)
     evaluate.add_parser(sub)
     info.add_parser(sub)
+    kernels.add_parser(sub)
     bench = sub.add_parser("bench", help="GPU benchmarks (CSV + PNG); `qfuse bench NAME --help`")
     bench.add_argument("name", help="benchmark: " + ", ".join(_bench_names()))
     bench.add_argument("rest", nargs=argparse.REMAINDER)

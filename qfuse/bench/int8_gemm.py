@@ -75,7 +75,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
     from qfuse.ops._autotune import device_name, m_bucket
     from qfuse.ops._zeroed_workspace import rezero_workspaces
     from qfuse.ops.int4_packing import pack_int4
-    from qfuse.ops.int8_gemm_kernels import candidate_configs, is_experimental, run_int8_gemm
+    from qfuse.ops.int8_dispatch import candidate_configs, is_experimental, run_int8_gemm
     from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
     from qfuse.ops.w8a8_gemm import scale_epilogue, w8a8_gemm_ref
 
@@ -147,8 +147,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
             best = None
             family_best: dict = {}
             expected = reference()
-            for cfg in candidate_configs(m, n, k, group, sms, w4_asm=name != "w8a8", w8_gemv=name == "w8a8"):
-                if families and (name != "w8a8" or cfg.get("KERNEL")) and config_family(cfg) not in families:
+            for cfg in candidate_configs(m, n, k, group, sms, w4=name != "w8a8", gpu=True):
+                if families and (name != "w8a8" or cfg["kernel"] not in ("tile", "tma")) and config_family(cfg) not in families:
                     continue
                 try:
                     cs = make(cfg)
@@ -200,18 +200,17 @@ def config_family(cfg: dict) -> str:
     ``mma_words`` (ops/w4a8_mma_words.py: packed bytes into the A registers, K permuted),
     ``tma`` (ops/int8_gemm_tma.py: unpack into the B operand), ``w8`` / ``w8_tma`` (int4 -> int8
     weight pass + the W8A8 tile / TMA kernel); W8A8: ``tc``, ``tma`` or ``gemv8`` (dp4a GEMV)."""
-    if cfg.get("KERNEL"):
-        return cfg["KERNEL"] + ("_tma" if cfg.get("TMA") else "")
-    if cfg.get("TMA"):
-        return "tma"
+    kind = cfg.get("kernel", "tile")
+    if kind != "tile":
+        return kind + ("_tma" if kind == "w8" and cfg.get("TMA") else "")
     if cfg.get("GS_PARTIAL"):
         return "gsp"
     return "asm" if cfg.get("UNPACK_ASM") else "tc"
 
 
 def config_label(cfg: dict) -> str:
-    if cfg.get("KERNEL") in ("gemv", "gemv8"):
-        return "{KERNEL}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
+    if cfg.get("kernel") in ("gemv", "gemv8"):
+        return "{kernel}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
             "/pf" if cfg.get("PREFETCH") else "")
     split = f"streamk{cfg['STREAM']}" if cfg.get("STREAM") else f"s{cfg.get('SPLIT_K', 1)}"
     label = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg.get('BLOCK_K', 128)}/{split}/w{cfg['num_warps']}/st{cfg['num_stages']}"

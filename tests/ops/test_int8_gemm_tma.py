@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
-from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, run_int8_gemm, tma_configs
+from qfuse.ops.int8_dispatch import candidate_configs, run_int8_gemm
+from qfuse.ops.int8_gemm_tma import tma_configs
+from qfuse.ops.int8_tile import tile_config
 from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
 
@@ -18,7 +20,7 @@ from .test_w8a8_gemm_kernel import assert_bitwise, kernel_acc, make_w8a8
 
 
 def tma_cfg(bm=16, bn=32, bk=64, persistent=0, programs=None):
-    cfg = dict(_config(bm, bn, bk, 1, 4, 2), TMA=1, PERSISTENT=persistent)
+    cfg = dict(tile_config(bm, bn, bk, 1, 4, 2), kernel="tma", PERSISTENT=persistent)
     return dict(cfg, PROGRAMS=programs) if programs else cfg
 
 
@@ -110,16 +112,18 @@ def test_offered_where_it_applies():
     first choice is unchanged); W4A8 gets its own form at M > 64, and the W8A8 form behind the
     int4 -> int8 weight pass."""
     for m in (1, 16, 64, 256, 2048):
-        cands = candidate_configs(m, 6144, 4096, -1, 132, w8_gemv=True)
-        assert not cands[0].get("TMA") and [c for c in cands if c.get("TMA")] == tma_configs(m, 4096)
+        cands = candidate_configs(m, 6144, 4096, -1, 132, w4=False, gpu=True)
+        assert cands[0]["kernel"] != "tma" and [c for c in cands if c["kernel"] == "tma"] == [dict(c, kernel="tma") for c in tma_configs(m, 4096)]
         for gs in (-1, 128):
-            w4 = candidate_configs(m, 6144, 4096, gs, 132, w4_asm=True)
-            assert not w4[0].get("TMA")
-            assert [c for c in w4 if c.get("TMA") and not c.get("KERNEL")] == [
-                dict(c, UNPACK_ASM=1) for c in tma_configs(m, 4096, gs, w4=True)]
+            w4 = candidate_configs(m, 6144, 4096, gs, 132, w4=True, gpu=True)
+            assert w4[0]["kernel"] != "tma"
+            assert [c for c in w4 if c["kernel"] == "tma"] == [
+                dict(c, kernel="tma", UNPACK_ASM=1) for c in tma_configs(m, 4096, gs, w4=True)]
             assert bool(tma_configs(m, 4096, gs, w4=True)) == (m > 64)
-            assert all(128 % c["BLOCK_K"] == 0 for c in w4 if c.get("TMA") and not c.get("KERNEL") and gs == 128)
-    assert any(c.get("TMA") and c.get("KERNEL") == "w8" for c in candidate_configs(2048, 6144, 4096, 128, 132, w4_asm=True))
+            assert all(128 % c["BLOCK_K"] == 0 for c in w4 if c["kernel"] == "tma" and gs == 128)
+    assert any(c.get("TMA") and c["kernel"] == "w8" for c in candidate_configs(2048, 6144, 4096, 128, 132, w4=True, gpu=True))
+    assert not any(c["kernel"] == "tma" or c.get("TMA")
+                   for c in candidate_configs(2048, 6144, 4096, 128, 132, w4=True, gpu=True, tma=False))  # before Hopper
     assert tma_configs(256, 4112, w4=True) == [] and tma_configs(256, 4112)  # packed rows of K / 2 bytes: K % 32
     for m in (1, 16, 33, 64, 256, 1024):
         for c in tma_configs(m, 4096):
@@ -147,10 +151,10 @@ def test_folded_group_scale_layout_sm90():
 def test_eager_decode_takes_the_pick_without_tma(monkeypatch, m, capturing, expected):
     """int8_gemm's dispatch: a TMA pick for a decode bucket is swapped for ``<op>_eager``'s pick
     (built from the non-TMA candidates) when no CUDA graph is being captured."""
-    import qfuse.ops._autotune as autotune
-    import qfuse.ops.int8_gemm_kernels as kernels
+    import qfuse.ops.int8_dispatch as dispatch
 
-    picks = {"w8a8_gemm": dict(tma_cfg(), TAG="graph"), "w8a8_gemm_eager": dict(_config(16, 32, 64), TAG="eager")}
+    tile = dict(tile_config(16, 32, 64), kernel="tile")
+    picks = {"w8a8_gemm": dict(tma_cfg(), TAG="graph"), "w8a8_gemm_eager": dict(tile, TAG="eager")}
     seen = {}
 
     def fake_pick(op, key, cands, run, device):
@@ -158,14 +162,20 @@ def test_eager_decode_takes_the_pick_without_tma(monkeypatch, m, capturing, expe
             seen["eager_cands"] = cands()
         return picks[op]
 
-    monkeypatch.setattr(autotune, "pick_config", fake_pick)
-    monkeypatch.setattr(autotune, "_capturing", lambda: capturing)
-    monkeypatch.setattr(kernels, "run_int8_gemm", lambda *a, config, **kw: config["TAG"])
-    monkeypatch.setattr(kernels, "candidate_configs", lambda *a, **kw: [tma_cfg(), _config(16, 32, 64)])
+    class FakeRegistry:
+        def offered(self, p):
+            return [tma_cfg(), tile]
+
+        def run(self, cfg, *args):
+            return cfg["TAG"]
+
+    monkeypatch.setattr(dispatch, "pick_config", fake_pick)
+    monkeypatch.setattr(dispatch, "capturing", lambda: capturing)
+    monkeypatch.setattr(dispatch, "REGISTRY", FakeRegistry())
     xq, xs, wq, ws, b = make_w8a8(m, 64, 128)
-    assert kernels.int8_gemm("w8a8_gemm", xq, xs, wq, ws, None, b, torch.bfloat16, w4=False) == expected
+    assert dispatch.int8_gemm("w8a8_gemm", xq, xs, wq, ws, None, b, torch.bfloat16, w4=False) == expected
     if expected == "eager":
-        assert seen["eager_cands"] == [_config(16, 32, 64)]
+        assert seen["eager_cands"] == [tile]
 
 
 # --------------------------------------------------------------- GPU (H200)
@@ -202,7 +212,7 @@ def test_gpu_every_w4_tma_candidate(m, group_size):
     for n, k in ((6144, 4096), (1000, 4128 if group_size == -1 else 4224)):  # odd: a K tail / 33 groups
         xq, xs, qw, ws, gs, b = make_w4a8(m, n, k, group_size, device="cuda", bias=n == 1000)
         ref = w4a8_gemm_ref(xq, xs, qw, ws, gs, b, group_size, torch.bfloat16)
-        cfgs = [c for c in candidate_configs(m, n, k, group_size, 132, w4_asm=True) if c.get("TMA") and not c.get("KERNEL")]
+        cfgs = [c for c in candidate_configs(m, n, k, group_size, 132, w4=True, gpu=True) if c["kernel"] == "tma"]
         assert cfgs
         for cfg in cfgs:
             assert_bitwise(run_int8_gemm(xq, xs, qw, ws, gs, b, torch.bfloat16, w4=True, config=cfg), ref)

@@ -38,7 +38,7 @@ def test_ops_import_neither_qfuse_nor_passes():
 
 def test_unverified_kernel_families_need_opt_in(monkeypatch):
     """Families kept opt-in are never autotuned into use by default; measured ones are offered."""
-    from qfuse.ops import int8_gemm_kernels, wna16_dispatch
+    from qfuse.ops import int8_dispatch, wna16_dispatch
     from qfuse.ops._autotune import experimental_kernels
 
     seen = {}
@@ -58,6 +58,9 @@ def test_unverified_kernel_families_need_opt_in(monkeypatch):
     assert {"tiled_words", "tiled_planes"} <= {c["kernel"] for c in seen["wna16_gemm"]}  # through the H200 grid
     wna16_dispatch.wna16_gemm_triton(x[:1], qw, s, None, None, 4, 128)
     assert not any(wna16_dispatch.is_experimental(c, 4) for c in seen["wna16_gemm"])  # register-capped GEMV: opt-in
-    assert int8_gemm_kernels.is_experimental({"KERNEL": "gemv8"})  # slower than the tile kernel on the H200
-    for measured in ({"UNPACK_ASM": 1}, {"KERNEL": "gemv"}, {"GS_PARTIAL": 1}, {"KERNEL": "w8"}):
-        assert not int8_gemm_kernels.is_experimental(measured)
+    assert int8_dispatch.is_experimental({"kernel": "gemv8"})  # slower than the tile kernel on the H200
+    assert int8_dispatch.is_experimental({"KERNEL": "gemv8"})  # a config stored in the spelling before "kernel"
+    assert int8_dispatch.is_experimental({"kernel": "mma_words", "STREAM": 1})
+    for measured in ({"kernel": "tile", "UNPACK_ASM": 1}, {"kernel": "gemv"}, {"kernel": "tile", "GS_PARTIAL": 1}, {"kernel": "w8"},
+                     {"kernel": "tma"}, {"UNPACK_ASM": 1}):
+        assert not int8_dispatch.is_experimental(measured)

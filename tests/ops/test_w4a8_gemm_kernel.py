@@ -15,7 +15,8 @@ import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
 from qfuse.ops.int4_packing import pack_int4
-from qfuse.ops.int8_gemm_kernels import _config, candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.int8_dispatch import candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.int8_tile import tile_config
 from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
 from qfuse.ops.w4a8_gemv import gemv_configs, gemv_supported, run_w4a8_gemv
 from qfuse.ops.w4a8_int8_weight import w4_to_int8
@@ -59,7 +60,7 @@ def fake_quant_check(out, xq, x_scale, qweight, w_scale, gs, b, group_size):
 def test_accumulator_exact(m, group_size, split_k):
     n, k = 40, 384
     xq, _, qweight, _, gs, _ = make_w4a8(m, n, k, group_size)
-    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=_config(16, 32, 64, split_k))
+    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=tile_config(16, 32, 64, split_k))
     assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, group_size)))
 
 
@@ -70,7 +71,7 @@ def test_accumulator_extremes():
     codes = torch.zeros((32, k), dtype=torch.uint8)
     codes[1::2] = 15  # q = 7, w_int = 112
     gs = torch.full((32, k // 128), 16, dtype=torch.int8)
-    acc = kernel_acc(xq, pack_int4(codes), w4=True, group_scale=gs, config=_config(16, 32, 128, 1))
+    acc = kernel_acc(xq, pack_int4(codes), w4=True, group_scale=gs, config=tile_config(16, 32, 128, 1))
     assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(pack_int4(codes), gs, 128)))
     assert acc.abs().max() == k * 2**14
 
@@ -80,7 +81,7 @@ def test_accumulator_extremes():
 @pytest.mark.parametrize("per_token", [True, False])
 def test_matches_reference_and_fake_quant(group_size, out_dtype, per_token):
     args = make_w4a8(7, 48, 256, group_size, per_token=per_token, out_dtype=out_dtype)
-    out = run_int8_gemm(*args[:5], args[5], out_dtype, w4=True, config=_config(16, 32, 128, 2))
+    out = run_int8_gemm(*args[:5], args[5], out_dtype, w4=True, config=tile_config(16, 32, 128, 2))
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
     fake_quant_check(out, *args, group_size)
 
@@ -89,7 +90,7 @@ def test_matches_reference_and_fake_quant(group_size, out_dtype, per_token):
 def test_odd_shapes_per_channel(m, n, k):
     """K not a multiple of BLOCK_K (nor of 4): the packed tail is masked."""
     args = make_w4a8(m, n, k)
-    out = run_int8_gemm(*args[:5], args[5], torch.bfloat16, w4=True, config=_config(16, 32, 64, 1))
+    out = run_int8_gemm(*args[:5], args[5], torch.bfloat16, w4=True, config=tile_config(16, 32, 64, 1))
     assert_bitwise(out, w4a8_gemm_ref(*args, -1, torch.bfloat16))
 
 
@@ -104,9 +105,9 @@ def test_group_scale_is_applied_per_group():
     """A kernel that ignored or misplaced group scales would fail this (scales differ per group)."""
     xq, xs, qweight, ws, _, b = make_w4a8(2, 32, 512, 128)
     gs = torch.arange(1, 5, dtype=torch.int8).repeat(32, 1)  # group g has scale g + 1
-    out = run_int8_gemm(xq, xs, qweight, ws, gs, b, torch.float16, w4=True, config=_config(16, 32, 64, 1))
+    out = run_int8_gemm(xq, xs, qweight, ws, gs, b, torch.float16, w4=True, config=tile_config(16, 32, 64, 1))
     assert_bitwise(out, w4a8_gemm_ref(xq, xs, qweight, ws, gs, b, 128, torch.float16))
-    flipped = run_int8_gemm(xq, xs, qweight, ws, gs.flip(1).contiguous(), b, torch.float16, w4=True, config=_config(16, 32, 64, 1))
+    flipped = run_int8_gemm(xq, xs, qweight, ws, gs.flip(1).contiguous(), b, torch.float16, w4=True, config=tile_config(16, 32, 64, 1))
     assert not torch.equal(out, flipped)
 
 
@@ -117,7 +118,7 @@ def test_small_groups_accumulator_exact(m, group_size, gs_partial, split_k):
     size): the tile kernel with BLOCK_K = the group, the scale in the operand or on the partial."""
     n, k = 40, 576
     xq, _, qweight, _, gs, _ = make_w4a8(m, n, k, group_size)
-    cfg = _config(16, 32, group_size, split_k, gs_partial=gs_partial)
+    cfg = tile_config(16, 32, group_size, split_k, gs_partial=gs_partial)
     acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=cfg)
     assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, group_size)))
 
@@ -131,18 +132,17 @@ def test_small_groups_through_the_op_and_the_int8_weight_pass(group_size):
         args = make_w4a8(m, n, k, group_size)
         out = int8_gemm("w4a8_gemm", *args, torch.bfloat16, w4=True, group_size=group_size)
         assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
-    out = run_int8_gemm(*args, torch.bfloat16, w4=True, config=dict(_config(32, 32, 64, 1), KERNEL="w8"))
+    out = run_int8_gemm(*args, torch.bfloat16, w4=True, config=dict(tile_config(32, 32, 64, 1), kernel="w8"))
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
     fake_quant_check(out, *args, group_size)
     for m in (1, 2, 16, 64, 128, 4096):
-        cands = candidate_configs(m, 4096, 4096 + 576, group_size, 132, w4_asm=True)
-        assert cands and not any(c.get("KERNEL") in ("gemv", "mma_words") or c.get("TMA") and c.get("KERNEL") != "w8"
-                                 for c in cands)
-        assert all(c["BLOCK_K"] <= group_size for c in cands if c.get("KERNEL") != "w8")
+        cands = candidate_configs(m, 4096, 4096 + 576, group_size, 132, w4=True, gpu=True)
+        assert cands and not any(c["kernel"] in ("gemv", "mma_words", "tma") for c in cands)
+        assert all(c["BLOCK_K"] <= group_size for c in cands if c["kernel"] != "w8")
 
 
 def gemv_cfg(bm, bn, bw, split, prefetch=0):
-    return {"KERNEL": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
+    return {"kernel": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
             "num_warps": 4, "num_stages": 2, "DP4A_ASM": 0, "PREFETCH": prefetch}
 
 
@@ -151,7 +151,7 @@ def test_group_partial_accumulator_exact(m):
     """GS_PARTIAL: int32 partial per 128-K tile times its group scale, split over K."""
     n, k = 40, 384
     xq, _, qweight, _, gs, _ = make_w4a8(m, n, k, 128)
-    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=_config(16, 32, 64, 2, gs_partial=1))
+    acc = kernel_acc(xq, qweight, w4=True, group_scale=gs, config=tile_config(16, 32, 64, 2, gs_partial=1))
     assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, 128)))
 
 
@@ -248,17 +248,17 @@ def test_new_candidates_are_extra(group_size):
         for n, k in SHAPES:
             if group_size != -1 and k % group_size:
                 continue
-            old = candidate_configs(m, n, k, group_size, 132)
-            new = candidate_configs(m, n, k, group_size, 132, w4_asm=True)
-            assert new[0].get("KERNEL") == ("gemv" if m <= 2 else "mma_words" if m <= 64 else None)
+            old = candidate_configs(m, n, k, group_size, 132, w4=True, gpu=False)
+            new = candidate_configs(m, n, k, group_size, 132, w4=True, gpu=True)
+            assert new[0]["kernel"] == ("gemv" if m <= 2 else "mma_words" if m <= 64 else "tile")
             if m <= 2:
                 assert (new[0]["BLOCK_N"], new[0]["BLOCK_W"], new[0]["num_warps"]) == (2, 32, 2)
             start = new.index(old[0])
             assert start <= 1 + len(mma_words_configs(m, n, k, 132, group_size)) and new[start: start + len(old)] == old
-            gemv = [c for c in new if c.get("KERNEL") == "gemv"]
+            gemv = [c for c in new if c["kernel"] == "gemv"]
             assert bool(gemv) == (m <= 8) and all(gemv_supported(k, group_size, c) for c in gemv)
             assert any(c.get("GS_PARTIAL") for c in new) == (group_size == 128 and m <= 64)
-            assert any(c.get("KERNEL") == "w8" for c in new) == (m > 64)
+            assert any(c["kernel"] == "w8" for c in new) == (m > 64)
     assert gemv_configs(16, 4096, 4096, -1, 132, asm=True) == []
 
 
@@ -277,7 +277,7 @@ def test_int8_weight_pass_exact(n, k, group_size):
 @pytest.mark.parametrize("group_size", [-1, 128])
 def test_int8_weight_then_w8a8_matches_reference(group_size):
     args = make_w4a8(70, 48, 256, group_size)
-    cfg = dict(_config(32, 32, 64, 1), KERNEL="w8")
+    cfg = dict(tile_config(32, 32, 64, 1), kernel="w8")
     out = run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg)
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
 
@@ -390,7 +390,7 @@ def test_gpu_every_candidate(m, group_size, k):
     args = make_w4a8(m, n, k, group_size, device="cuda", bias=False)
     ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for cfg in candidate_configs(m, n, k, group_size, sms, w4_asm=True):  # the inline-PTX unpack runs here only
+    for cfg in candidate_configs(m, n, k, group_size, sms, w4=True, gpu=True):  # the inline-PTX unpack runs here only
         assert_bitwise(run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg), ref)
 
 

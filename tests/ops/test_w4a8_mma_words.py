@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from qfuse.ops.int4_packing import pack_int4
-from qfuse.ops.int8_gemm_kernels import candidate_configs, is_experimental
+from qfuse.ops.int8_dispatch import candidate_configs, is_experimental
 from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
 from qfuse.ops.w4a8_mma_words import mma_words_configs, mma_words_supported, run_w4a8_mma_words
 from tests.ops._sm90_scripts import run_sm90_script
@@ -21,7 +21,7 @@ from tests.ops.test_w8a8_gemm_kernel import SHAPES, assert_bitwise
 
 
 def _cfg(bm=16, bn=32, split=1, **kw):
-    return {"KERNEL": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, **kw}
+    return {"kernel": "mma_words", "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, **kw}
 
 
 # ---------------------------------------------------------------- CPU: Triton interpreter
@@ -52,7 +52,7 @@ def test_interpreter_stream_k(case):
     args = make_w4a8(m, n, k, group_size, per_token=case != 1, bias=case % 2 == 0)
     ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
     for fold in (0, 1) if group_size == 128 else (0,):
-        cfg = {"KERNEL": "mma_words", "BLOCK_M": 32 if m > 16 else 16, "BLOCK_N": 16 if case == 3 else 32, "STREAM": per_sm, "SMS": sms, "GS_FOLD": fold}
+        cfg = {"kernel": "mma_words", "BLOCK_M": 32 if m > 16 else 16, "BLOCK_N": 16 if case == 3 else 32, "STREAM": per_sm, "SMS": sms, "GS_FOLD": fold}
         assert_bitwise(run_w4a8_mma_words(*args, torch.bfloat16, config=cfg), ref)
 
 
@@ -82,15 +82,15 @@ def test_supported_shapes_and_errors():
 def test_candidates_for_decode_only():
     """Offered (W4A8 on a GPU) at M <= 64 with whole 128-code tiles per split, not beyond."""
     for m in (1, 16, 64):
-        cfgs = [c for c in candidate_configs(m, 4096, 14336, 128, 132, w4_asm=True) if c.get("KERNEL") == "mma_words"]
-        assert cfgs == mma_words_configs(m, 4096, 14336, 132, 128) and cfgs
+        cfgs = [c for c in candidate_configs(m, 4096, 14336, 128, 132, w4=True, gpu=True) if c["kernel"] == "mma_words"]
+        assert cfgs == [dict(c, kernel="mma_words") for c in mma_words_configs(m, 4096, 14336, 132, 128)] and cfgs
         assert sum(c.get("GS_FOLD", 0) for c in cfgs) * 2 == len(cfgs)  # each tile with and without the folded scale
         assert not any(c.get("GS_FOLD") for c in mma_words_configs(m, 4096, 14336, 132, -1))
         assert all(mma_words_supported(14336, c.get("SPLIT_K", 1)) and c["BLOCK_M"] == max(16, m) for c in cfgs)
         assert any(c.get("STREAM") for c in cfgs) == (m <= 16)
         assert all(is_experimental(c) == bool(c.get("STREAM")) for c in cfgs)  # stream-K: opt-in (slower on the H200)
     assert mma_words_configs(128, 4096, 4096, 132) == [] and mma_words_configs(16, 4096, 4104, 132) == []
-    assert not any(c.get("KERNEL") == "mma_words" for c in candidate_configs(16, 4096, 4096, 128, 132))  # no PTX: the interpreter
+    assert not any(c["kernel"] == "mma_words" for c in candidate_configs(16, 4096, 4096, 128, 132, w4=True, gpu=False))  # no PTX: the interpreter
 
 
 def test_compiles_to_int8_wgmma_for_sm90():

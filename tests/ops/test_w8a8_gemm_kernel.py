@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
-from qfuse.ops.int8_gemm_kernels import EAGER_MAX_M, _config, candidate_configs, int8_gemm, run_int8_gemm, tma_configs
+from qfuse.ops.int8_dispatch import EAGER_MAX_M, candidate_configs, int8_gemm, normalize, run_int8_gemm
+from qfuse.ops.int8_gemm_tma import tma_configs
+from qfuse.ops.int8_tile import tile_config
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
 from qfuse.ops.w8a8_gemv import gemv8_configs, gemv8_supported
 
@@ -48,7 +50,7 @@ def assert_bitwise(out, ref):
 def test_accumulator_exact(m, split_k):
     n, k = 40, 200  # odd N tile, K not a multiple of BLOCK_K: masked tails
     xq, _, wq, _, _ = make_w8a8(m, n, k)
-    acc = kernel_acc(xq, wq, config=_config(16, 32, 64, split_k))
+    acc = kernel_acc(xq, wq, config=tile_config(16, 32, 64, split_k))
     assert torch.equal(acc, int8_matmul_nt(xq, wq))
 
 
@@ -57,7 +59,7 @@ def test_accumulator_extremes():
     xq = torch.full((3, 1024), -128, dtype=torch.int8)
     wq = torch.full((32, 1024), -128, dtype=torch.int8)
     wq[::2] = 127
-    acc = kernel_acc(xq, wq, config=_config(16, 32, 256, 2))
+    acc = kernel_acc(xq, wq, config=tile_config(16, 32, 256, 2))
     assert torch.equal(acc, int8_matmul_nt(xq, wq))
     assert acc.abs().max() == 1024 * 2**14
 
@@ -67,7 +69,7 @@ def test_accumulator_extremes():
 @pytest.mark.parametrize("out_dtype", DTYPES)
 def test_scale_variants_match_reference(per_token, per_channel, out_dtype):
     args = make_w8a8(7, 48, 256, per_token=per_token, per_channel=per_channel, out_dtype=out_dtype)
-    out = run_int8_gemm(*args[:4], None, args[4], out_dtype, w4=False, config=_config(16, 32, 128, 2))
+    out = run_int8_gemm(*args[:4], None, args[4], out_dtype, w4=False, config=tile_config(16, 32, 128, 2))
     assert_bitwise(out, w8a8_gemm_ref(*args, out_dtype))
 
 
@@ -75,7 +77,7 @@ def test_scale_variants_match_reference(per_token, per_channel, out_dtype):
 @pytest.mark.parametrize("bias", [True, False])
 def test_odd_shapes_match_reference(m, n, k, bias):
     args = make_w8a8(m, n, k, bias=bias)
-    out = run_int8_gemm(*args[:4], None, args[4], torch.bfloat16, w4=False, config=_config(16, 32, 64, 1))
+    out = run_int8_gemm(*args[:4], None, args[4], torch.bfloat16, w4=False, config=tile_config(16, 32, 64, 1))
     assert_bitwise(out, w8a8_gemm_ref(*args, torch.bfloat16))
 
 
@@ -90,14 +92,14 @@ def test_candidates_are_legal():
     for m in (1, 2, 7, 16, 33, 64, 128, 512, 2048, 4096):
         for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (40, 96)):
             for gs in (-1, 128):
-                for c in candidate_configs(m, n, k, gs, 132):
+                for c in candidate_configs(m, n, k, gs, 132, w4=gs != -1, gpu=False):
                     assert c["BLOCK_M"] >= 16 and c["BLOCK_N"] >= 16 and c["SPLIT_K"] >= 1
                     if gs == 128:
                         assert 128 % c["BLOCK_K"] == 0
 
 
 def gemv8_cfg(bm, bn, bw, split, prefetch=0):
-    return {"KERNEL": "gemv8", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
+    return {"kernel": "gemv8", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
             "num_warps": 4, "num_stages": 2, "DP4A_ASM": 0, "PREFETCH": prefetch}
 
 
@@ -125,13 +127,13 @@ def test_gemv8_candidates_are_extra():
     assert not gemv8_supported(40, gemv8_cfg(1, 32, 1, 1)) and gemv8_supported(64, gemv8_cfg(1, 32, 4, 1))
     for m in (1, 2, 4, 8, 16, 64):
         for n, k in SHAPES:
-            old = candidate_configs(m, n, k, -1, 132)
-            new = candidate_configs(m, n, k, -1, 132, w8_gemv=True)
+            old = candidate_configs(m, n, k, -1, 132, w4=False, gpu=False)
+            new = candidate_configs(m, n, k, -1, 132, w4=False, gpu=True)
             assert new[: len(old)] == old
-            tma = tma_configs(m, k)  # the TMA kernel's (tests/ops/test_int8_gemm_tma.py), then the GEMV's
+            tma = [dict(c, kernel="tma") for c in tma_configs(m, k)]  # the TMA kernel's (tests/ops/test_int8_gemm_tma.py), then the GEMV's
             assert new[len(old): len(old) + len(tma)] == tma
             extra = new[len(old) + len(tma):]
-            assert bool(extra) == (m <= 8) and all(c["KERNEL"] == "gemv8" and gemv8_supported(k, c) for c in extra)
+            assert bool(extra) == (m <= 8) and all(c["kernel"] == "gemv8" and gemv8_supported(k, c) for c in extra)
 
 
 # --------------------------------------------------------------- GPU grid (H200)
@@ -175,7 +177,8 @@ def test_gpu_every_candidate(m):
     n, k = 6144, 4096
     xq, xs, wq, ws, _ = make_w8a8(m, n, k, device="cuda", bias=False)
     ref = w8a8_gemm_ref(xq, xs, wq, ws, None, torch.bfloat16)
-    for cfg in candidate_configs(m, n, k, -1, torch.cuda.get_device_properties(0).multi_processor_count) + [_config(16, 64, 256, 16)]:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cfg in candidate_configs(m, n, k, -1, sms, w4=False, gpu=False) + [tile_config(16, 64, 256, 16)]:
         assert_bitwise(run_int8_gemm(xq, xs, wq, ws, None, None, torch.bfloat16, w4=False, config=cfg), ref)
 
 
@@ -218,12 +221,13 @@ def test_shipped_configs_are_candidates(op):
     for key, cfg in table.items():
         name, gpu, mb, n, k, *gs = key.split("|")
         assert name == op and gpu == "NVIDIA_H200"
-        cands = candidate_configs(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4_asm=op == "w4a8_gemm",
-                                  w8_gemv=op != "w4a8_gemm")  # the GPU candidate space, GEMVs included
-        norm = lambda c: c if c.get("KERNEL") == "gemv" else dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0))  # noqa: E731 - the GEMV has no unpack switch
+        cands = candidate_configs(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4=op == "w4a8_gemm",
+                                  gpu=True)  # the GPU candidate space, GEMVs included
+        assert cfg == normalize(cfg), key  # stored in the one spelling: "kernel" names the family
+        norm = lambda c: c if c["kernel"] == "gemv" else dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0))  # noqa: E731 - the GEMV has no unpack switch
         assert any(norm(c) == norm(cfg) for c in cands), key
         if op.endswith("_eager"):
-            assert not cfg.get("TMA") and int(mb) <= EAGER_MAX_M, key
+            assert cfg["kernel"] != "tma" and not cfg.get("TMA") and int(mb) <= EAGER_MAX_M, key
 
 
 @pytest.mark.gpu

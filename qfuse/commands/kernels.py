@@ -1,0 +1,106 @@
+"""``qfuse kernels --explain M N K SCHEME``: which kernel families the op considers for one GEMM,
+which refuse it and why, which configs are opt-in and why, and which config runs and where that
+choice comes from (the user cache, the table shipped for the GPU, or the untuned heuristic that
+a first call on the GPU would replace by a measurement)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("kernels", help="explain the kernel choice of a GEMM: families considered, refused (why), picked")
+    p.add_argument("--explain", nargs=4, metavar=("M", "N", "K", "SCHEME"), required=True,
+                   help="tokens M, output features N, input features K, and a scheme (W4A16, W8A8, W4A8_G128, W4A16_G64, ...)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="activation dtype (default bfloat16)")
+    p.add_argument("--gpu", default=None, help="GPU name of the tuned tables (default: this machine's GPU, else NVIDIA_H200)")
+    p.add_argument("--sms", type=int, default=None, help="streaming multiprocessors (default: this GPU's, else 132)")
+    p.add_argument("--no-tma", action="store_true", help="a GPU without TMA (compute capability < 9.0)")
+    p.set_defaults(run=run)
+
+
+def _gpu(args) -> tuple[str, int]:
+    from ..ops._autotune import device_name, sm_count
+
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        return args.gpu or device_name(dev), args.sms or sm_count(dev)
+    return args.gpu or "NVIDIA_H200", args.sms or 132
+
+
+def _scheme(name: str):
+    """A preset (``W4A16``) or a spelled-out scheme: ``W4A16_G64``, ``W4A16_G32_ASYM``, ``W4A8_G64``, ``W8A16_CH``."""
+    import re
+
+    from ..schemes import SCHEMES, get_scheme, make_scheme
+
+    if name.upper() in SCHEMES:
+        return get_scheme(name.upper())
+    m = re.fullmatch(r"W(4|8)A(8|16)(?:_G(\d+)|_CH)?(_ASYM)?", name.upper())
+    if m is None:
+        raise ValueError(f"unknown scheme {name!r}: a preset ({', '.join(SCHEMES)}) or e.g. W4A16_G64, W4A16_G32_ASYM, W4A8_G64")
+    return make_scheme(int(m[1]), int(m[2]), int(m[3]) if m[3] else -1, m[4] is None)
+
+
+def explain(m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch.bfloat16, gpu: str = "NVIDIA_H200", sms: int = 132,
+            tma: bool = True) -> str:
+    """The report ``qfuse kernels --explain`` prints."""
+    from ..ops import int8_dispatch, wna16_dispatch
+    from ..ops._autotune import lookup
+
+    s = _scheme(scheme_name)
+    if min(m, n, k) < 1:
+        raise ValueError(f"M, N and K must be positive, got {m}, {n}, {k}")
+    if s.group_size != -1 and k % s.group_size:
+        raise ValueError(f"K={k} is not divisible by {s.name}'s group size {s.group_size} "
+                         "(quantize_model gives such layers a smaller group: try that scheme, e.g. W4A16_G64)")
+    if s.weight_only:
+        op, registry = wna16_dispatch.OP, wna16_dispatch.REGISTRY
+        p = wna16_dispatch.problem(m, n, k, s.weight_bits, s.group_size, sms, tma, dtype)
+        key = wna16_dispatch.config_key(m, n, k, s.weight_bits, s.group_size, dtype)
+        offered = wna16_dispatch.usable_configs(m, n, k, s.weight_bits, s.group_size, sms, tma, dtype)
+    else:
+        op = "w4a8_gemm" if s.weight_bits == 4 else "w8a8_gemm"
+        registry = int8_dispatch.REGISTRY
+        p = int8_dispatch.problem(m, n, k, s.group_size, sms, w4=s.weight_bits == 4, gpu=True, tma=tma)
+        key = int8_dispatch.config_key(m, n, k, s.group_size, w4=s.weight_bits == 4)
+        offered = registry.offered(p)
+    verdicts = registry.explain(p)
+    lines = [f"{op}  M={m} N={n} K={k}  {s.name} ({s.weight_bits}-bit weights, "
+             f"{'per channel' if s.group_size == -1 else f'group {s.group_size}'}, {str(dtype).removeprefix('torch.')})  "
+             f"on {gpu} ({sms} SMs{'' if tma else ', no TMA'})", ""]
+    width = max(len(v.family) for v in verdicts)
+    lines.append(f"  {'family':<{width}}  {'verdict':<8}  configs  offered  why")
+    for v in verdicts:
+        verdict = "refused" if not v.supported else ("opt-in" if v.offered == 0 and v.configs else "offered")
+        lines.append(f"  {v.family:<{width}}  {verdict:<8}  {v.configs:>7}  {v.offered:>7}  {v.reason}")
+    lines.append("")
+    hit = lookup(op, key, gpu)
+    if hit is not None:
+        cfg, source = hit
+    else:
+        cfg, source = (offered[0] if offered else None), "the untuned heuristic (the first candidate); a first call on the GPU measures them"
+    lines.append(f"  picked: {cfg}")
+    lines.append(f"  from:   {source}")
+    if not s.weight_only and cfg is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(cfg)) \
+            and key[0] <= int8_dispatch.EAGER_MAX_M:
+        eager = lookup(op + "_eager", key, gpu)
+        lines.append(f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
+                     + (f"  from {eager[1]}" if eager else ""))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    m, n, k, scheme = args.explain
+    try:
+        m, n, k = int(m), int(n), int(k)
+    except ValueError:
+        raise SystemExit(f"qfuse kernels: M, N, K must be integers, got {args.explain[:3]}") from None
+    gpu, sms = _gpu(args)
+    try:
+        print(explain(m, n, k, scheme, getattr(torch, args.dtype), gpu, sms, not args.no_tma))
+    except (ValueError, KeyError) as e:
+        raise SystemExit(f"qfuse kernels: {e}") from None
+    return 0
