@@ -9,8 +9,8 @@ median us per call; see qfuse/bench/timing.py):
   since it ships none for the H200). ``--gemlite-autotune``: its autotune level, by default
   ``fast``, gemlite's own default (it tunes each kernel on the first, eager call, outside the
   timed graph). ``default`` (one fixed config per kernel, no tuning) is quicker but unfair at
-  M = 1: the H100 file holds no GEMV configs, and the fixed GEMV config ran 0.02-0.14x bf16 on the
-  H200 (seventh session);
+  M = 1: the H100 file holds no GEMV configs, and the fixed GEMV config runs at 0.02-0.14x bf16 on the
+  H200;
 * ``floor``: bytes the op must move / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only).
 
 Writes ``gemm.csv`` and ``gemm.png`` (speedup over bf16 vs M, one panel per shape and bits)

@@ -4,7 +4,7 @@ cuBLAS on 28672x4096, pointer-fed and TMA-fed, CUDA-graph medians over rotated w
 
     qfuse bench triton_bf16_ceiling
 
-If Triton's own bf16 tile is at 0.8-0.9x of cuBLAS (BENCHMARKS.md, sixth session), a W4A16 tile that
+If Triton's own bf16 tile is at 0.8-0.9x of cuBLAS (BENCHMARKS.md), a W4A16 tile that
 also dequantizes cannot reach 0.9x at compute-bound M by reading fewer bytes alone.
 """
 
@@ -52,7 +52,7 @@ def _bf16_mm(x_src, w_src, o_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, B
     tl.store(o_ptr + om[:, None] * N + on[None, :], acc.to(tl.bfloat16), mask=(om < M)[:, None] & (on < N)[None, :])
 
 
-# (TMA, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP): run 4's tiles
+# (TMA, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP): the tiles BENCHMARKS.md times
 TILES = [(False, 256, 128, 64, 8, 3, False), (False, 256, 128, 64, 8, 3, True),
          (True, 128, 256, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, True), (True, 128, 128, 64, 4, 4, False)]
 

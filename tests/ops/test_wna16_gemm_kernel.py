@@ -393,8 +393,8 @@ def test_shipped_configs_are_candidates():
 def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     """sm_90 SASS (no GPU) of every config the op may pick without QFUSE_EXPERIMENTAL_KERNELS in the
     wgmma families (tiled_planes, mma_words, tiled_tma) at three keys: no instruction writes a register
-    of a wgmma still in flight (PTX leaves the result undefined: the 8-bit TMA tiles' wrong results
-    on the H200 until the fifteenth session). The control: tiled_planes' JOIN form at 16 x 64 x 128
+    of a wgmma still in flight (PTX leaves the result undefined: the former 8-bit TMA path's wrong
+    results on the H200, ops/wna16_tma.py). The control: tiled_planes' JOIN form at 16 x 64 x 128
     split 2, opt-in because ptxas does exactly that there (is_experimental)."""
     from ._sm90_scripts import run_sm90_script
 

@@ -303,8 +303,8 @@ def test_gpu_every_hfma2_candidate(n, k, group_size, asym):
 @pytest.mark.parametrize("n,k,group_size", [(8192, 8192, 128), (4096, 14336, -1), (28672, 4096, 128)])
 def test_gpu_hfma2_error_against_the_exact_product(n, k, group_size):
     """The bf16 lane sums cost accuracy, bounded here: the rms error against the float64 product
-    of x and w_hat stays under 2.5x the reference kernel's own (measured 1.4-2.0x, BENCHMARKS.md,
-    eleventh session) and the max error under 2.5x the reference's max error."""
+    of x and w_hat stays under 2.5x the reference kernel's own (measured 1.4-2.0x, BENCHMARKS.md)
+    and the max error under 2.5x the reference's max error."""
     x, qw, s, z, _ = make_problem(1, n, k, 4, group_size, torch.bfloat16, asym=True, bias=False, device="cuda")
     w = dequantize_exact(qw, s, z, group_size)
     exact = x.double() @ w.t()

@@ -133,8 +133,8 @@ def test_dispatcher_offers_it_only_where_it_applies(monkeypatch):
     # M buckets 16-32: tiles of the bucket's tokens, split up to 8
     assert all(c["BLOCK_M"] == m and c["SPLIT_K"] <= 8 for m in (16, 32) for c in tma(m, 4096) if c["BLOCK_M"] < 64) and tma(16, 4096, bits=8)
     assert all(c["BLOCK_M"] <= 2 * 128 and c["SPLIT_K"] in (1, 2, 4) for c in tma(128, 4096))
-    # measured on the H200: from M bucket 64, 4- and 8-bit, 4 and 8 warps (8-bit at 8 warps again
-    # since the fifteenth session); TAIL_SPLIT opt-in
+    # measured on the H200: from M bucket 64, 4- and 8-bit, 4 and 8 warps; TAIL_SPLIT
+    # opt-in
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
     assert tma(256, 4096, usable=True) and tma(64, 4096, usable=True) and tma(256, 4096, bits=8, usable=True)
     assert all(any(c["num_warps"] == 8 for c in tma(256, 4096, bits=bits)) for bits in (4, 8))
@@ -266,8 +266,8 @@ def test_gpu_tail_split(bits, tail_split):
 
 @pytest.mark.gpu
 def test_gpu_8bit_tiles_that_computed_wrong_results():
-    """The 8-bit tiles that computed wrong results on the H200 from the seventh to the fourteenth
-    session (ptxas wrote registers of wgmmas in flight; ops/wna16_tma.py): 8 warps with split-K
+    """The 8-bit tiles that computed wrong results on the H200 with the former 8-bit path (ptxas
+    wrote registers of wgmmas in flight; ops/wna16_tma.py): 8 warps with split-K
     (errors up to a third of the output's range), 8 warps at split 1 on an odd shape (NaN), and
     ``TAIL_SPLIT`` at 4 warps."""
     x, qw, s, z, b = make_problem(256, 512, 1024, 8, 128, torch.bfloat16, asym=False, bias=False, device="cuda")
