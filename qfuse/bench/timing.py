@@ -1,4 +1,4 @@
-"""GPU timing that survives the two traps measured on the H200 (see DESIGN.md, Timing method).
+"""GPU timing that survives the two traps measured on the H200 (BENCHMARKS.md, "Timing method").
 
 * CPU launch overhead (120-350 us per eager Python op call, against 8-40 us of GPU
   time): kernels are timed as replays of a CUDA graph holding many calls, so no

@@ -1,0 +1,123 @@
+"""``qfuse bench report``: markdown tables from benchmark CSVs (stdlib only, no GPU)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from qfuse import cli
+from qfuse.bench import report
+
+GEMM_ROWS = [
+    # a row whose CSV carries the bench's own ratios (computed from unrounded times) ...
+    {
+        "shape": "4096x4096",
+        "N": 4096,
+        "K": 4096,
+        "M": 1,
+        "bits": 4,
+        "config": "{'BLOCK_N': 8, 'BLOCK_W': 256, 'SPLIT_K': 1, 'kernel': 'gemv_words', 'num_warps': 4}",
+        "op_us": 5.35,
+        "bf16_us": 13.88,
+        "tinygemm_us": 7.12,
+        "gemlite_us": 8.38,
+        "floor_us": 2.11,
+        "speedup_vs_bf16": 2.59,
+        "pct_of_floor": 39.34,
+    },
+    # ... and one without them: computed from the times
+    {
+        "shape": "28672x4096",
+        "N": 28672,
+        "K": 4096,
+        "M": 64,
+        "bits": 4,
+        "config": "{'BLOCK_K': 128, 'BLOCK_M': 64, 'BLOCK_N': 128, 'SPLIT_K': 1, 'WORDS': True, 'kernel': 'tiled_tma', 'num_warps': 4}",
+        "op_us": 40.0,
+        "bf16_us": 64.0,
+        "tinygemm_us": 520.0,
+        "gemlite_us": 100.0,
+        "floor_us": 16.0,
+        "speedup_vs_bf16": "",
+        "pct_of_floor": "",
+    },
+]
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_gemm_table_rows_and_ratios(tmp_path):
+    lines = report.table(write_csv(tmp_path / "w4.csv", GEMM_ROWS)).splitlines()
+    assert lines[0] == "| N x K | M | us | bf16 us | x bf16 | tinygemm us | x tinygemm | gemlite us | x gemlite | % of floor | kernel |"
+    assert lines[1] == "|" + "---|" * 11
+    assert lines[2] == "| 4096x4096 | 1 | 5.35 | 13.88 | 2.59 | 7.12 | 1.33 | 8.38 | 1.57 | 39 % | gemv_words 8x256w SK1 4w |"
+    assert lines[3] == "| 28672x4096 | 64 | 40 | 64 | 1.60 | 520 | 13.00 | 100 | 2.50 | 40 % | tiled_tma 64x128x128 SK1 4w WORDS |"
+    assert len(lines) == 4
+
+
+def test_peer_columns_only_where_measured(tmp_path):
+    rows = [{**r, "tinygemm_us": "", "gemlite_us": ""} for r in GEMM_ROWS]
+    header = report.table(write_csv(tmp_path / "w8.csv", rows)).splitlines()[0]
+    assert "tinygemm" not in header and "gemlite" not in header
+
+
+def test_w4a8_table_and_filters(tmp_path):
+    rows = [
+        {
+            "shape": "8192x8192",
+            "N": 8192,
+            "K": 8192,
+            "M": m,
+            "bf16_us": 36.0,
+            "int_mm_us": 32.0,
+            "w4a8_pc_us": pc,
+            "w4a8_pc_cfg": "gemv/m1",
+            "w4a8_g128_us": g,
+            "w4a8_g128_cfg": "mma_words",
+            "floor_w4a8_us": 8.0,
+        }
+        for m, pc, g in ((1, 12.0, 16.0), (2, 14.4, 14.4), (4, 18.0, 20.0))
+    ]
+    path = write_csv(tmp_path / "w4a8.csv", rows)
+    lines = report.table(path, ["M>=2"]).splitlines()
+    assert len(lines) == 4
+    # pc x bf16, g128 x bf16, g128 / pc (the g128 op's speed relative to pc's), pc x _int_mm, pc % of floor
+    assert lines[2] == "| 8192x8192 | 2 | 14.4 | 14.4 | 36 | 2.50 | 2.50 | 1.00 | 2.22 | 56 % | gemv/m1 | mma_words |"
+    assert [ln.split(" | ")[1] for ln in report.table(path, ["M=1,4"]).splitlines()[2:]] == ["1", "4"]
+    assert report.table(path, ["M<=1"]).splitlines()[2].startswith("| 8192x8192 | 1 | 12 | 16 | 36 | 3.00 | 2.25 | 0.75 |")
+
+
+def test_write_and_check_refill_the_marked_tables(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    write_csv(tmp_path / "data" / "w4.csv", GEMM_ROWS)
+    md = tmp_path / "B.md"
+    md.write_text("# B\n\nText.\n<!-- report data/w4.csv M=64 -->\n| stale |\n\n<!-- report end -->\n\nMore text.\n")
+    assert report.main(["--check", str(md)]) == 1
+    assert report.main(["--write", str(md)]) == 0
+    text = md.read_text()
+    assert "| stale |" not in text and text.startswith("# B\n\nText.\n<!-- report data/w4.csv M=64 -->\n| N x K |")
+    assert "| 28672x4096 | 64 |" in text and "| 4096x4096 |" not in text and text.endswith("\n\n<!-- report end -->\n\nMore text.\n")
+    assert report.main(["--check", str(md)]) == 0
+    assert report.main([str(tmp_path / "data")]) == 0
+    assert capsys.readouterr().out.startswith("### w4.csv\n\n| N x K |")
+
+
+def test_unknown_csv_and_bad_filter_stop_with_one_line(tmp_path):
+    path = write_csv(tmp_path / "x.csv", [{"a": 1}])
+    with pytest.raises(SystemExit, match="not a CSV of a known benchmark"):
+        report.table(path)
+    with pytest.raises(SystemExit, match="bad row filter"):
+        report.table(write_csv(tmp_path / "w4.csv", GEMM_ROWS), ["M~1"])
+
+
+def test_runs_as_a_bench_subcommand_without_a_gpu(tmp_path, capsys):
+    assert "report" in cli._bench_names()
+    assert cli.main(["bench", "report", str(write_csv(tmp_path / "w4.csv", GEMM_ROWS))]) == 0
+    assert "| 4096x4096 | 1 |" in capsys.readouterr().out
