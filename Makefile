@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/qfuse demo
 
+# ruff (lint + format, settings in pyproject.toml) on the whole tree, then the tests
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q tests
 
 # On a CUDA machine (torch + triton already installed; run from the repository root, no

@@ -206,8 +206,7 @@ def graph_time_ms(calls: Sequence[Callable[[], object]], replays: int = 5, warmu
     return statistics.median(times)
 
 
-def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[dict]], run: Callable[[dict], object],
-                device: torch.device) -> dict:
+def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[dict]], run: Callable[[dict], object], device: torch.device) -> dict:
     """Return the config to use for ``(op, key)`` on ``device``; ``run(cfg)`` launches the kernel once.
 
     ``candidates`` may be a function returning the list: it is then called only when no cached or

@@ -103,8 +103,24 @@ def zero_plus_magic(z_ptr, offs, HAS_ZEROS: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G,
-               GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+def store_tile(
+    acc,
+    s_ptr,
+    bias_ptr,
+    out_ptr,
+    ws_ptr,
+    count_ptr,
+    rn,
+    offs_m,
+    offs_n,
+    pid_k,
+    M,
+    N,
+    G,
+    GROUP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """The tiled kernels' epilogue for a float32 ``acc [BLOCK_M, BLOCK_N]``: the per-channel
     scale (``GROUP == -1``), then either bias and the store in the output dtype, or with split-K
     :func:`finish_split` (the tile's counter is its linear program id, ``program_id(0)``)."""
@@ -121,8 +137,9 @@ def store_tile(acc, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, off
 
 
 @triton.jit
-def store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, tile, pid_k, M, N, G,
-              GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K):
+def store_row(
+    res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, tile, pid_k, M, N, G, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K
+):
     """The GEMVs' epilogue for the float32 ``res [BLOCK_N]`` of activation row ``m``: the
     per-channel scale (``GROUP == -1``), then either bias and the store in the output dtype, or
     with split-K :func:`finish_split` on counter ``tile`` (SPLIT_K may be a runtime value)."""
@@ -212,6 +229,7 @@ def dequantize_triton(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bit
 
 # ---------------------------------------------------------------- config helpers of the families
 
+
 def split_for(tiles: int, k: int, block_k: int, sms: int) -> int:
     """Smallest power-of-two split that puts ~2 programs on every SM, keeping >= 4 K tiles each."""
     split = 1
@@ -227,8 +245,15 @@ def cdiv(a: int, b: int) -> int:
 def weight_major_tiles(mb: int, exhaustive: bool) -> list[tuple[int, int, int, int, int]]:
     """(tokens BLOCK_M, weight rows BLOCK_N, BLOCK_K, warps, stages) of the large weight-major
     tiles for M bucket ``mb`` (tokens up to twice the bucket)."""
-    tiles = [(128, 64, 64, 4, 4), (128, 128, 64, 4, 3), (128, 128, 64, 8, 4), (256, 64, 64, 4, 3),
-             (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 8, 4)]
+    tiles = [
+        (128, 64, 64, 4, 4),
+        (128, 128, 64, 4, 3),
+        (128, 128, 64, 8, 4),
+        (256, 64, 64, 4, 3),
+        (256, 128, 64, 8, 3),
+        (128, 128, 128, 8, 3),
+        (64, 256, 64, 8, 4),
+    ]
     if exhaustive:
         tiles += [(128, 256, 64, 8, 3), (256, 128, 128, 8, 2), (256, 128, 64, 8, 4), (256, 64, 64, 4, 4)]
     return [t for t in tiles if t[0] <= 2 * mb]

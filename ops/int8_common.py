@@ -19,8 +19,27 @@ import triton.language as tl
 
 
 @triton.jit
-def finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, tile, offs_m, offs_n, rows_m, rows_n, mask, N, split_k,
-                SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
+def finish_tile(
+    acc,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    acc_ws_ptr,
+    count_ptr,
+    tile,
+    offs_m,
+    offs_n,
+    rows_m,
+    rows_n,
+    mask,
+    N,
+    split_k,
+    SPLIT: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     """The output of a tile from its exact int32 ``acc`` (``out^T`` ``[BLOCK_N, BLOCK_M]``): the float
     epilogue, or with SPLIT the exact int32 reduction of the partials first, finished by the
     program that arrives last at the tile's counter ``count_ptr + tile``."""
@@ -31,11 +50,9 @@ def finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, t
         arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
         if arrived == split_k - 1:
             acc = take_split_sum(ws_ptrs, mask, count_ptr + tile)
-            epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
-                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+            epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     else:
-        epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
-                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
 @triton.jit
@@ -109,11 +126,21 @@ def scaled_nibbles(p, g, c, SHIFT: tl.constexpr):
     if SHIFT == 0:
         q = tl.inline_asm_elementwise(
             "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
-            "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+            "=r,r,r,r,r,r,r,r,r,r",
+            [p, g, c],
+            dtype=tl.int8,
+            is_pure=True,
+            pack=4,
+        )
     else:
         q = tl.inline_asm_elementwise(
             "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; mad.lo.u32 t, t, $2, $6; xor.b32 $0, t, 0x80808080; }",
-            "=r,r,r,r,r,r,r,r,r,r", [p, g, c], dtype=tl.int8, is_pure=True, pack=4)
+            "=r,r,r,r,r,r,r,r,r,r",
+            [p, g, c],
+            dtype=tl.int8,
+            is_pure=True,
+            pack=4,
+        )
     return q
 
 
@@ -128,17 +155,41 @@ def nibbles_minus_8(p, SHIFT: tl.constexpr):
     if SHIFT == 0:
         q = tl.inline_asm_elementwise(
             "{ .reg .b32 t; and.b32 t, $1, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
-            "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+            "=r,r",
+            [p],
+            dtype=tl.int8,
+            is_pure=True,
+            pack=4,
+        )
     else:
         q = tl.inline_asm_elementwise(
             "{ .reg .b32 t; shr.u32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; add.u32 t, t, 0x78787878; xor.b32 $0, t, 0x80808080; }",
-            "=r,r", [p], dtype=tl.int8, is_pure=True, pack=4)
+            "=r,r",
+            [p],
+            dtype=tl.int8,
+            is_pure=True,
+            pack=4,
+        )
     return q
 
 
 @triton.jit
-def epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rows_n, mask, N,
-              X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
+def epilogue(
+    acc,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    offs_m,
+    offs_n,
+    rows_m,
+    rows_n,
+    mask,
+    N,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     """``out^T[n, m] = out_dtype((float32(acc) * x_scale[m]) * w_scale[n] + float32(bias[n]))``."""
     if X_PER_TOKEN:
         xs = tl.load(xs_ptr + rows_m)[None, :]
@@ -177,8 +228,7 @@ def bf16_rne(y):
 def dp4a_s(a, b, c, ASM: tl.constexpr):
     """``c + sum_i sbyte_i(a) * sbyte_i(b)`` (int32)."""
     if ASM:
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
     else:
         for i in tl.static_range(4):
             c += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
@@ -186,8 +236,25 @@ def dp4a_s(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def finish_token(acc, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter, offs_n, rn, M, N, split_k,
-            SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr):
+def finish_token(
+    acc,
+    m,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    acc_ws_ptr,
+    counter,
+    offs_n,
+    rn,
+    M,
+    N,
+    split_k,
+    SPLIT: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     """Row ``m`` of the output from its int32 lanes: sum, split-K reduction, float epilogue."""
     res = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1] exact int32
     offs_m = tl.full((1,), 0, tl.int32) + m
@@ -200,26 +267,96 @@ def finish_token(acc, m, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counter,
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")  # one counter per (weight tile, token)
         if arrived == split_k - 1:
             res = take_split_sum(ws_ptrs, mask, counter)
-            epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
-                      X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+            epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
     else:
-        epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N,
-                  X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        epilogue(res, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, rows_m, rn, mask, N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
 
 
 @triton.jit
-def finish_tokens(acc0, acc1, acc2, acc3, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k,
-                  BLOCK_M: tl.constexpr, SPLIT: tl.constexpr, X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr,
-                  HAS_BIAS: tl.constexpr):
+def finish_tokens(
+    acc0,
+    acc1,
+    acc2,
+    acc3,
+    m0,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    acc_ws_ptr,
+    counters,
+    offs_n,
+    rn,
+    M,
+    N,
+    split_k,
+    BLOCK_M: tl.constexpr,
+    SPLIT: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     """Rows ``m0 .. m0 + BLOCK_M - 1`` (1, 2 or 4 tokens) of the output from their int32 lanes
     (``acc1..3`` unused below BLOCK_M); ``counters``: the tile's first split-K arrival counter."""
-    finish_token(acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k,
-            SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    finish_token(
+        acc0, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters, offs_n, rn, M, N, split_k, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS
+    )
     if BLOCK_M > 1:
-        finish_token(acc1, m0 + 1, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 1, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        finish_token(
+            acc1,
+            m0 + 1,
+            xs_ptr,
+            ws_ptr,
+            bias_ptr,
+            out_ptr,
+            acc_ws_ptr,
+            counters + 1,
+            offs_n,
+            rn,
+            M,
+            N,
+            split_k,
+            SPLIT,
+            X_PER_TOKEN,
+            W_PER_CHANNEL,
+            HAS_BIAS,
+        )
     if BLOCK_M > 2:
-        finish_token(acc2, m0 + 2, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 2, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
-        finish_token(acc3, m0 + 3, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, counters + 3, offs_n, rn, M, N, split_k,
-                SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+        finish_token(
+            acc2,
+            m0 + 2,
+            xs_ptr,
+            ws_ptr,
+            bias_ptr,
+            out_ptr,
+            acc_ws_ptr,
+            counters + 2,
+            offs_n,
+            rn,
+            M,
+            N,
+            split_k,
+            SPLIT,
+            X_PER_TOKEN,
+            W_PER_CHANNEL,
+            HAS_BIAS,
+        )
+        finish_token(
+            acc3,
+            m0 + 3,
+            xs_ptr,
+            ws_ptr,
+            bias_ptr,
+            out_ptr,
+            acc_ws_ptr,
+            counters + 3,
+            offs_n,
+            rn,
+            M,
+            N,
+            split_k,
+            SPLIT,
+            X_PER_TOKEN,
+            W_PER_CHANNEL,
+            HAS_BIAS,
+        )

@@ -45,10 +45,31 @@ from .kernel_family import KernelFamily, Problem
 
 
 @triton.jit
-def _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, tile, num_pid_n, num_pid_m,
-              W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
-              X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
+def _one_tile(
+    x_desc,
+    w_desc,
+    xs_ptr,
+    ws_ptr,
+    gs_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    tile,
+    num_pid_n,
+    num_pid_m,
+    W4: tl.constexpr,
+    GROUPED: tl.constexpr,
+    UNPACK_ASM: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
+):
     pid_n, pid_m = tile_of(tile, num_pid_n, num_pid_m, GROUP_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -72,27 +93,104 @@ def _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K
             acc = tl.dot(w, x.T, acc, out_dtype=tl.int32)
     if W4:
         acc = tl.trans(acc)
-    epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, offs_m, offs_n, tl.where(mask_m, offs_m, 0),
-              rows_n, mask_n[:, None] & mask_m[None, :], N, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    epilogue(
+        acc,
+        xs_ptr,
+        ws_ptr,
+        bias_ptr,
+        out_ptr,
+        offs_m,
+        offs_n,
+        tl.where(mask_m, offs_m, 0),
+        rows_n,
+        mask_n[:, None] & mask_m[None, :],
+        N,
+        X_PER_TOKEN,
+        W_PER_CHANNEL,
+        HAS_BIAS,
+    )
 
 
 @triton.jit(do_not_specialize=["M"])
 def _int8_gemm_tma_kernel(
-    x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, PROGRAMS,
-    W4: tl.constexpr, GROUPED: tl.constexpr, UNPACK_ASM: tl.constexpr,
-    X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+    x_desc,
+    w_desc,
+    xs_ptr,
+    ws_ptr,
+    gs_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    PROGRAMS,
+    W4: tl.constexpr,
+    GROUPED: tl.constexpr,
+    UNPACK_ASM: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
     PERSISTENT: tl.constexpr,
 ):
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     if PERSISTENT:
         for tile in range(tl.program_id(0), num_pid_n * num_pid_m, PROGRAMS):
-            _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, tile, num_pid_n, num_pid_m,
-                      W4, GROUPED, UNPACK_ASM, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_N)
+            _one_tile(
+                x_desc,
+                w_desc,
+                xs_ptr,
+                ws_ptr,
+                gs_ptr,
+                bias_ptr,
+                out_ptr,
+                M,
+                N,
+                K,
+                tile,
+                num_pid_n,
+                num_pid_m,
+                W4,
+                GROUPED,
+                UNPACK_ASM,
+                X_PER_TOKEN,
+                W_PER_CHANNEL,
+                HAS_BIAS,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                GROUP_N,
+            )
     else:
-        _one_tile(x_desc, w_desc, xs_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, M, N, K, tl.program_id(0), num_pid_n, num_pid_m,
-                  W4, GROUPED, UNPACK_ASM, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_N)
+        _one_tile(
+            x_desc,
+            w_desc,
+            xs_ptr,
+            ws_ptr,
+            gs_ptr,
+            bias_ptr,
+            out_ptr,
+            M,
+            N,
+            K,
+            tl.program_id(0),
+            num_pid_n,
+            num_pid_m,
+            W4,
+            GROUPED,
+            UNPACK_ASM,
+            X_PER_TOKEN,
+            W_PER_CHANNEL,
+            HAS_BIAS,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            GROUP_N,
+        )
 
 
 def tma_supported(k: int, w4: bool = False) -> bool:
@@ -122,20 +220,35 @@ def tma_configs(m: int, k: int, group_size: int = -1, w4: bool = False) -> list[
     # persistent variants only where the sm_90 compile keeps the loop in registers (triton 3.7.1:
     # the tile loop made e.g. 128 x 256 x 128 and 128 x 128 x 128 / 4 warps spill 320 B of stack)
     if w4:
-        tiles = ((128, 128, 128, 4, 3, (0,)), (128, 128, 128, 8, 4, (0,)), (256, 128, 128, 8, 3, (0,)), (64, 128, 128, 4, 4, (0,)),
-                 (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)), (128, 64, 128, 4, 2, (0,)))
+        tiles = (
+            (128, 128, 128, 4, 3, (0,)),
+            (128, 128, 128, 8, 4, (0,)),
+            (256, 128, 128, 8, 3, (0,)),
+            (64, 128, 128, 4, 4, (0,)),
+            (64, 128, 128, 4, 3, (0,)),
+            (128, 64, 128, 4, 3, (0,)),
+            (128, 64, 128, 4, 2, (0,)),
+        )
     elif m <= 16:
         tiles = ((16, 64, 256, 4, 6, (0, 1)), (16, 128, 256, 4, 4, (0, 1)), (16, 64, 128, 4, 8, (0, 1)))
     elif m <= 64:
         tiles = ((32, 128, 128, 4, 4, (0, 1)),) if m <= 32 else ((64, 128, 128, 4, 4, (0,)),)
     elif m <= 512:
-        tiles = ((64, 128, 128, 4, 4, (0,)), (128, 128, 128, 8, 4, (0, 1)), (128, 128, 128, 4, 3, (0,)),
-                 (128, 256, 128, 8, 3, (0,)))
+        tiles = ((64, 128, 128, 4, 4, (0,)), (128, 128, 128, 8, 4, (0, 1)), (128, 128, 128, 4, 3, (0,)), (128, 256, 128, 8, 3, (0,)))
     else:
-        tiles = ((256, 128, 128, 8, 3, (0, 1)), (128, 256, 128, 8, 3, (0,)), (256, 128, 128, 8, 4, (0, 1)),
-                 (128, 128, 128, 4, 3, (0,)), (256, 128, 256, 8, 2, (0, 1)), (128, 256, 256, 8, 2, (0,)),
-                 (64, 128, 128, 4, 4, (0,)), (64, 128, 128, 4, 3, (0,)), (128, 64, 128, 4, 3, (0,)),
-                 (128, 128, 128, 4, 2, (0,)), (128, 128, 64, 4, 3, (0,)))
+        tiles = (
+            (256, 128, 128, 8, 3, (0, 1)),
+            (128, 256, 128, 8, 3, (0,)),
+            (256, 128, 128, 8, 4, (0, 1)),
+            (128, 128, 128, 4, 3, (0,)),
+            (256, 128, 256, 8, 2, (0, 1)),
+            (128, 256, 256, 8, 2, (0,)),
+            (64, 128, 128, 4, 4, (0,)),
+            (64, 128, 128, 4, 3, (0,)),
+            (128, 64, 128, 4, 3, (0,)),
+            (128, 128, 128, 4, 2, (0,)),
+            (128, 128, 64, 4, 3, (0,)),
+        )
     kmax = 128 if group_size == 128 else 256
     out = [dict(tile_config(bm, bn, min(bk, kmax), 1, w, s), PERSISTENT=p) for bm, bn, bk, w, s, ps in tiles for p in ps]
     return list({str(c): c for c in out}.values())
@@ -152,8 +265,9 @@ def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: d
         raise ValueError(f"int8 TMA kernel: K={k} is not a multiple of {32 if w4 else 16} (TMA row strides)")
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     if group_scale is not None and (group_scale.shape[1] * 128 != k or 128 % bk):
-        raise ValueError(f"int8 TMA kernel: W4A8 runs group 128 with BLOCK_K dividing it, got K={k} with "
-                         f"{group_scale.shape[1]} groups and BLOCK_K={bk}")
+        raise ValueError(
+            f"int8 TMA kernel: W4A8 runs group 128 with BLOCK_K dividing it, got K={k} with {group_scale.shape[1]} groups and BLOCK_K={bk}"
+        )
     xq, w = tma_aligned(xq.contiguous()), tma_aligned(w)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # PROGRAMS (tests) pins the grid; PERSISTENT: that many programs per SM; else one per tile

@@ -117,4 +117,3 @@ def quant_per_tensor_int8_triton(x: torch.Tensor, scale: torch.Tensor) -> torch.
                 x, scale, xq, n, BLOCK=PER_TENSOR_BLOCK, INTERPRET=interpreting(), num_warps=8
             )
     return xq
-

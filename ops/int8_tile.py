@@ -65,12 +65,33 @@ from .kernel_family import KernelFamily, Problem
 
 @triton.jit(do_not_specialize=["M"])  # M = 1 would otherwise compile its own copy of every config
 def _int8_gemm_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, gs_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr,
-    M, N, K, K_HALF,
-    W4: tl.constexpr, GROUPED: tl.constexpr, GROUP_SIZE: tl.constexpr, UNPACK_ASM: tl.constexpr, GS_PARTIAL: tl.constexpr,
-    X_PER_TOKEN: tl.constexpr, W_PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, GROUP_N: tl.constexpr, EVEN_K: tl.constexpr,
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    gs_ptr,
+    bias_ptr,
+    out_ptr,
+    acc_ws_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    K_HALF,
+    W4: tl.constexpr,
+    GROUPED: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    UNPACK_ASM: tl.constexpr,
+    GS_PARTIAL: tl.constexpr,
+    X_PER_TOKEN: tl.constexpr,
+    W_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     # SPLIT (constexpr) says whether K is split; how many ways is the grid's second axis,
     # so split counts share one compiled kernel.
@@ -139,15 +160,43 @@ def _int8_gemm_kernel(
         x_ptrs += BLOCK_K
 
     mask = mask_n[:, None] & mask_m[None, :]
-    finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
-                rows_m, rows_n, mask, N, split_k, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    finish_tile(
+        acc,
+        xs_ptr,
+        ws_ptr,
+        bias_ptr,
+        out_ptr,
+        acc_ws_ptr,
+        count_ptr,
+        pid_m * num_pid_n + pid_n,
+        offs_m,
+        offs_n,
+        rows_m,
+        rows_n,
+        mask,
+        N,
+        split_k,
+        SPLIT,
+        X_PER_TOKEN,
+        W_PER_CHANNEL,
+        HAS_BIAS,
+    )
 
 
 # ---------------------------------------------------------------- configs and launcher
 
+
 def tile_config(bm, bn, bk, split_k=1, warps=4, stages=4, group_n=8, unpack_asm=0, gs_partial=0):
-    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split_k,
-           "GROUP_N": group_n, "num_warps": warps, "num_stages": stages, "UNPACK_ASM": unpack_asm}
+    cfg = {
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "SPLIT_K": split_k,
+        "GROUP_N": group_n,
+        "num_warps": warps,
+        "num_stages": stages,
+        "UNPACK_ASM": unpack_asm,
+    }
     return dict(cfg, GS_PARTIAL=1) if gs_partial else cfg
 
 
@@ -180,15 +229,25 @@ def tile_configs(m: int, n: int, k: int, group_size: int, sms: int) -> list[dict
         return list({str(c): c for c in out}.values())
     if m <= 64:
         bm = 32 if m <= 32 else 64
-        return [tile_config(bm, 128, 128, _split_for(m, n, k, bm, 128, 128, sms), 4, 4),
-                tile_config(bm, 64, kmax, _split_for(m, n, k, bm, 64, kmax, sms), 4, 5),
-                tile_config(bm, 128, 128, 1, 4, 4)]
+        return [
+            tile_config(bm, 128, 128, _split_for(m, n, k, bm, 128, 128, sms), 4, 4),
+            tile_config(bm, 64, kmax, _split_for(m, n, k, bm, 64, kmax, sms), 4, 5),
+            tile_config(bm, 128, 128, 1, 4, 4),
+        ]
     if m <= 512:
         return [tile_config(64, 128, 128, 1, 4, 4), tile_config(128, 128, 128, 1, 8, 4), tile_config(128, 128, 128, 1, 4, 3)]
     # the rest: the TMA kernel's sync-wgmma remedies (tma_configs) for this kernel too
-    out = [tile_config(256, 128, 128, 1, 8, 3), tile_config(128, 128, 128, 1, 8, 4), tile_config(128, 256, 128, 1, 8, 3),
-           tile_config(128, 128, 128, 1, 4, 3), tile_config(256, 128, kmax, 1, 8, 2), tile_config(128, 256, kmax, 1, 8, 2),
-           tile_config(64, 128, 128, 1, 4, 4), tile_config(64, 128, 128, 1, 4, 3), tile_config(128, 64, 128, 1, 4, 3)]
+    out = [
+        tile_config(256, 128, 128, 1, 8, 3),
+        tile_config(128, 128, 128, 1, 8, 4),
+        tile_config(128, 256, 128, 1, 8, 3),
+        tile_config(128, 128, 128, 1, 4, 3),
+        tile_config(256, 128, kmax, 1, 8, 2),
+        tile_config(128, 256, kmax, 1, 8, 2),
+        tile_config(64, 128, 128, 1, 4, 4),
+        tile_config(64, 128, 128, 1, 4, 3),
+        tile_config(128, 64, 128, 1, 4, 3),
+    ]
     return list({str(c): c for c in out}.values())
 
 
@@ -211,23 +270,42 @@ def run_int8_tile(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
-        acc_ws, counts = buf[: m * n], buf[m * n:]
+        acc_ws, counts = buf[: m * n], buf[m * n :]
     else:
         acc_ws = counts = out  # never touched when SPLIT_K == 1
     xq = xq.contiguous()
     xs = x_scale.reshape(-1).contiguous()
     _int8_gemm_kernel[(tiles, split)](
-        xq, xs, w, w_scale, group_scale if group_scale is not None else w_scale,
-        bias if bias is not None else w_scale, out, acc_ws, counts,
-        m, n, k, k // 2,
-        W4=w4, GROUPED=group_scale is not None, GROUP_SIZE=k // group_scale.shape[1] if group_scale is not None else 1,
-        UNPACK_ASM=unpack_asm, GS_PARTIAL=gs_partial,
+        xq,
+        xs,
+        w,
+        w_scale,
+        group_scale if group_scale is not None else w_scale,
+        bias if bias is not None else w_scale,
+        out,
+        acc_ws,
+        counts,
+        m,
+        n,
+        k,
+        k // 2,
+        W4=w4,
+        GROUPED=group_scale is not None,
+        GROUP_SIZE=k // group_scale.shape[1] if group_scale is not None else 1,
+        UNPACK_ASM=unpack_asm,
+        GS_PARTIAL=gs_partial,
         X_PER_TOKEN=x_scale.dim() == 2,  # [M, 1] per-token, [1] per-tensor
         W_PER_CHANNEL=w_scale.numel() != 1,  # [N] per-channel (N == 1 reads the same value)
         HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, GROUP_N=group_n,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        SPLIT=split > 1,
+        GROUP_N=group_n,
         EVEN_K=k % bk == 0,
-        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+        num_warps=warps,
+        num_stages=stages,
+        enable_fp_fusion=False,
     )
     return out
 

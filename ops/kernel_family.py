@@ -88,8 +88,7 @@ class Registry:
     """An op's families in order, and ``heuristic(problem, candidates) -> candidates`` that
     puts the untuned pick first (the rest keep their order)."""
 
-    def __init__(self, op: str, families: Sequence[KernelFamily],
-                 heuristic: Callable[[Problem, list[dict]], list[dict]] = lambda p, c: c):
+    def __init__(self, op: str, families: Sequence[KernelFamily], heuristic: Callable[[Problem, list[dict]], list[dict]] = lambda p, c: c):
         names = [f.name for f in families]
         if len(set(names)) != len(names):
             raise ValueError(f"{op}: duplicate kernel family names in {names}")

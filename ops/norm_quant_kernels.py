@@ -183,9 +183,7 @@ def fused_add_rms_norm_triton(
     return out, res_out
 
 
-def rms_norm_quant_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, max_row_block: int = MAX_ROW_BLOCK
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_quant_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, max_row_block: int = MAX_ROW_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     _, _, xq, scale = _launch(x, None, weight, eps, True, max_row_block)
     return xq, scale
 

@@ -119,9 +119,7 @@ def _quant_per_token_int8_cuda(x: Tensor) -> tuple[Tensor, Tensor]:
 @quant_per_token_int8.register_fake
 def _quant_per_token_int8_fake(x: Tensor) -> tuple[Tensor, Tensor]:
     _check_per_token(x)
-    return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty(
-        (*x.shape[:-1], 1), dtype=torch.float32, device=x.device
-    )
+    return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
 
 
 @torch.library.custom_op("qfuse::quant_per_tensor_int8", mutates_args=())

@@ -80,9 +80,7 @@ def _check(op: str, x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
 
 
 def _int8_and_scale_like(x: Tensor) -> tuple[Tensor, Tensor]:
-    return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty(
-        (*x.shape[:-1], 1), dtype=torch.float32, device=x.device
-    )
+    return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
 
 
 @torch.library.custom_op("qfuse::rms_norm", mutates_args=())

@@ -63,6 +63,4 @@ def _silu_and_mul_quant_cuda(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
 @silu_and_mul_quant.register_fake
 def _silu_and_mul_quant_fake(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     _check(gate, up)
-    return torch.empty(gate.shape, dtype=torch.int8, device=gate.device), torch.empty(
-        (*gate.shape[:-1], 1), dtype=torch.float32, device=gate.device
-    )
+    return torch.empty(gate.shape, dtype=torch.int8, device=gate.device), torch.empty((*gate.shape[:-1], 1), dtype=torch.float32, device=gate.device)

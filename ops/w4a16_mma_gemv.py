@@ -55,8 +55,10 @@ def _mma_pair_ptx(dtype: str) -> str:
     """Two words (rows g and g + 8, one column) into the MMA accumulator. $0-$3: d (float32);
     $4, $5: the words; $6, $7: the pairs -(M + z) of their rows; $8-$11: the activation pairs
     (x[t], x[t + 4]), t = 0..3; $12-$15: c."""
-    magic, one, fma, ty = {"bf16": ("0x43004300", "0x3F803F80", "fma.rn.bf16x2", "bf16"),
-                           "fp16": ("0x64006400", "0x3C003C00", "fma.rn.f16x2", "f16")}[dtype]
+    magic, one, fma, ty = {
+        "bf16": ("0x43004300", "0x3F803F80", "fma.rn.bf16x2", "bf16"),
+        "fp16": ("0x64006400", "0x3C003C00", "fma.rn.f16x2", "f16"),
+    }[dtype]
     lines = [".reg .b32 v, w, one, p<4>, r<4>;", f"mov.b32 one, {one};"]
     for word, negz, planes in (("$4", "$6", "p"), ("$5", "$7", "r")):
         for t in range(4):
@@ -66,8 +68,10 @@ def _mma_pair_ptx(dtype: str) -> str:
                 src = "w"
             lines += [f"lop3.b32 v, {src}, 0x000F000F, {magic}, 0xEA;", f"{fma} {planes}{t}, v, one, {negz};"]
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
-    lines += [f"{mma} {{$0, $1, $2, $3}}, {{p0, r0, p1, r1}}, {{$8, $9}}, {{$12, $13, $14, $15}};",
-              f"{mma} {{$0, $1, $2, $3}}, {{p2, r2, p3, r3}}, {{$10, $11}}, {{$0, $1, $2, $3}};"]
+    lines += [
+        f"{mma} {{$0, $1, $2, $3}}, {{p0, r0, p1, r1}}, {{$8, $9}}, {{$12, $13, $14, $15}};",
+        f"{mma} {{$0, $1, $2, $3}}, {{p2, r2, p3, r3}}, {{$10, $11}}, {{$0, $1, $2, $3}};",
+    ]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
@@ -125,13 +129,23 @@ def _mma_word(c0, c1, c2, c3, w_a, w_b, negz_a, negz_b, za, zb, xq, NW: tl.const
     x04, x15, x26, x37 = act_pairs(xa, xb, xc, xd, ASM)
     if ASM:
         if IS_BF16:
-            c0, c1, c2, c3 = tl.inline_asm_elementwise(_MMA_PAIR_BF16, _MMA_PAIR_CONSTRAINTS,
-                                                       [w_a, w_b, negz_a, negz_b, x04, x15, x26, x37, c0, c1, c2, c3],
-                                                       dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+            c0, c1, c2, c3 = tl.inline_asm_elementwise(
+                _MMA_PAIR_BF16,
+                _MMA_PAIR_CONSTRAINTS,
+                [w_a, w_b, negz_a, negz_b, x04, x15, x26, x37, c0, c1, c2, c3],
+                dtype=(tl.float32,) * 4,
+                is_pure=True,
+                pack=1,
+            )
         else:
-            c0, c1, c2, c3 = tl.inline_asm_elementwise(_MMA_PAIR_FP16, _MMA_PAIR_CONSTRAINTS,
-                                                       [w_a, w_b, negz_a, negz_b, x04, x15, x26, x37, c0, c1, c2, c3],
-                                                       dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+            c0, c1, c2, c3 = tl.inline_asm_elementwise(
+                _MMA_PAIR_FP16,
+                _MMA_PAIR_CONSTRAINTS,
+                [w_a, w_b, negz_a, negz_b, x04, x15, x26, x37, c0, c1, c2, c3],
+                dtype=(tl.float32,) * 4,
+                is_pure=True,
+                pack=1,
+            )
     else:
         dtype: tl.constexpr = tl.bfloat16 if IS_BF16 else tl.float16
         da = _group_sum(_word_dot_exact(w_a, za, x04, x15, x26, x37, dtype), NW)
@@ -158,13 +172,18 @@ def _step_acts(xw_row, col):
     """The activation pairs of words ``col .. col + 3`` (4 ``[E, 4]`` uint32 tensors), shared by
     every row tile of the step."""
     xp = xw_row + (col * 4)[:, None] + tl.arange(0, 4)[None, :]
-    return (tl.load(xp, eviction_policy="evict_last"), tl.load(xp + 4, eviction_policy="evict_last"),
-            tl.load(xp + 8, eviction_policy="evict_last"), tl.load(xp + 12, eviction_policy="evict_last"))
+    return (
+        tl.load(xp, eviction_policy="evict_last"),
+        tl.load(xp + 4, eviction_policy="evict_last"),
+        tl.load(xp + 8, eviction_policy="evict_last"),
+        tl.load(xp + 12, eviction_policy="evict_last"),
+    )
 
 
 @triton.jit
-def _step_dots(wa, wb, xq, z_ptr, s_ptr, ra, rb, G, grp,
-               GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, NW: tl.constexpr, IS_BF16: tl.constexpr, ASM: tl.constexpr):
+def _step_dots(
+    wa, wb, xq, z_ptr, s_ptr, ra, rb, G, grp, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, NW: tl.constexpr, IS_BF16: tl.constexpr, ASM: tl.constexpr
+):
     """One 128-code step of one row tile (operands from :func:`_step_words`, :func:`_step_acts`): the rows' float32
     dots, times the step's group scale where there are groups."""
     if HAS_ZEROS:
@@ -254,7 +273,9 @@ def _w4a16_mma_gemv_kernel(
             res += tl.load(bias_ptr + rn).to(tl.float32)
         tl.store(out_ptr + m * N + rows, res.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        finish_split(res, m * N + rows, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, pid_n + m * tl.num_programs(0), pid_k, M * N, SPLIT_K, HAS_BIAS)
+        finish_split(
+            res, m * N + rows, mask, bias_ptr + rn, ws_ptr, count_ptr, out_ptr, pid_n + m * tl.num_programs(0), pid_k, M * N, SPLIT_K, HAS_BIAS
+        )
 
 
 def mma_gemv_supported(k: int, group_size: int) -> bool:
@@ -314,6 +335,13 @@ def _supports(p: Problem) -> tuple[bool, str]:
     return False, "4-bit, M bucket <= 2, K % 128 == 0, group -1 or a multiple of 128"
 
 
-FAMILY = KernelFamily("mma_gemv", "w4a16_mma_gemv", _supports, _configs, _run, default=False,
-                      why_opt_in="tensor-core GEMV: right on the H200, 30-40 % slower there than the HFMA2 word GEMV at M = 1 "
-                                 "(28672x4096: 30.5 against 21.5 us); a candidate for GPUs where the word GEMV is slower")
+FAMILY = KernelFamily(
+    "mma_gemv",
+    "w4a16_mma_gemv",
+    _supports,
+    _configs,
+    _run,
+    default=False,
+    why_opt_in="tensor-core GEMV: right on the H200, 30-40 % slower there than the HFMA2 word GEMV at M = 1 "
+    "(28672x4096: 30.5 against 21.5 us); a candidate for GPUs where the word GEMV is slower",
+)

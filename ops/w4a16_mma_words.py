@@ -245,8 +245,10 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
     n = qweight.shape[0]
     scale_w = bool(cfg.get("SCALE_W", False))
     if not mma_words_supported(k, group_size, scale_w):
-        raise ValueError(f"w4a16_mma_words: needs K % 128 == 0 and group -1 / a multiple of 128 (any multiple of 32 with SCALE_W); "
-                         f"got K={k}, group_size={group_size}, SCALE_W={scale_w}")
+        raise ValueError(
+            f"w4a16_mma_words: needs K % 128 == 0 and group -1 / a multiple of 128 (any multiple of 32 with SCALE_W); "
+            f"got K={k}, group_size={group_size}, SCALE_W={scale_w}"
+        )
     if x.stride(1) != 1:
         x = x.contiguous()
     kw = k // 8
@@ -294,8 +296,16 @@ def _configs(p: Problem, exhaustive: bool) -> list[dict]:
         splits = [first] + [s for s in split_k_choices(k // 128, programs, sms) if s != first]
         for sp in splits if exhaustive or bn == 128 else splits[:1]:
             for sw in forms:
-                c = {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "GROUP_M": 8,
-                     "num_warps": warps, "num_stages": stages, **({"MAXNREG": cap} if cap else {})}
+                c = {
+                    "BLOCK_M": bm,
+                    "BLOCK_N": bn,
+                    "SPLIT_K": sp,
+                    "SCALE_W": sw,
+                    "GROUP_M": 8,
+                    "num_warps": warps,
+                    "num_stages": stages,
+                    **({"MAXNREG": cap} if cap else {}),
+                }
                 out.append(c)
                 # opt-in (H200: 12-19 % slower than the plain form on 10 fp16 keys): codes
                 # paired within a byte, so the activations arrive by 4-byte async copies and the wgmma

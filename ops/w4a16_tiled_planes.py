@@ -95,12 +95,10 @@ def nibble_planes(b, z, dtype: tl.constexpr, ASM: tl.constexpr):
     if ASM:
         if dtype == tl.bfloat16:
             neg = (-(z + 128.0)).to(tl.bfloat16)[:, None]  # -(M + z): exact (|.| <= 143)
-            lo, hi = tl.inline_asm_elementwise(_PLANES_BF16, "=r,=r,=r,=r,r,r,r", [b, neg],
-                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            lo, hi = tl.inline_asm_elementwise(_PLANES_BF16, "=r,=r,=r,=r,r,r,r", [b, neg], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         else:
             neg = (-(z + 1024.0)).to(tl.float16)[:, None]
-            lo, hi = tl.inline_asm_elementwise(_PLANES_FP16, "=r,=r,=r,=r,r,r,r", [b, neg],
-                                               dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+            lo, hi = tl.inline_asm_elementwise(_PLANES_FP16, "=r,=r,=r,=r,r,r,r", [b, neg], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
         bi = b.to(tl.int32)
         lo = ((bi & 15).to(tl.float32) - z[:, None]).to(dtype)
@@ -127,8 +125,9 @@ shr.u32 v, $4, 12;
 lop3.b32 v, v, 0x000F000F, 0x43004300, 0xEA;
 fma.rn.bf16x2 $3, v, one, $5;
 }""")
-_HALF_PLANES_FP16 = tl.constexpr(_HALF_PLANES_BF16.value.replace("0x43004300", "0x64006400")
-                                 .replace("fma.rn.bf16x2", "fma.rn.f16x2").replace("0x3F803F80", "0x3C003C00"))
+_HALF_PLANES_FP16 = tl.constexpr(
+    _HALF_PLANES_BF16.value.replace("0x43004300", "0x64006400").replace("fma.rn.bf16x2", "fma.rn.f16x2").replace("0x3F803F80", "0x3C003C00")
+)
 
 
 @triton.jit
@@ -138,17 +137,19 @@ def half_planes(halves, z, dtype: tl.constexpr, ASM: tl.constexpr):
     if ASM:
         if dtype == tl.bfloat16:
             neg = (-(z + 128.0)).to(tl.bfloat16)[:, None]
-            return tl.inline_asm_elementwise(_HALF_PLANES_BF16, "=r,=r,=r,=r,r,r", [halves, neg],
-                                             dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+            return tl.inline_asm_elementwise(_HALF_PLANES_BF16, "=r,=r,=r,=r,r,r", [halves, neg], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
         else:
             neg = (-(z + 1024.0)).to(tl.float16)[:, None]
-            return tl.inline_asm_elementwise(_HALF_PLANES_FP16, "=r,=r,=r,=r,r,r", [halves, neg],
-                                             dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+            return tl.inline_asm_elementwise(_HALF_PLANES_FP16, "=r,=r,=r,=r,r,r", [halves, neg], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
     else:
         hv = halves.to(tl.int32)
         zz = z[:, None]
-        return ((((hv & 15).to(tl.float32) - zz).to(dtype)), (((hv >> 4) & 15).to(tl.float32) - zz).to(dtype),
-                (((hv >> 8) & 15).to(tl.float32) - zz).to(dtype), (((hv >> 12) & 15).to(tl.float32) - zz).to(dtype))
+        return (
+            (((hv & 15).to(tl.float32) - zz).to(dtype)),
+            (((hv >> 4) & 15).to(tl.float32) - zz).to(dtype),
+            (((hv >> 8) & 15).to(tl.float32) - zz).to(dtype),
+            (((hv >> 12) & 15).to(tl.float32) - zz).to(dtype),
+        )
 
 
 @triton.jit
@@ -324,20 +325,46 @@ def _planes_configs(tiled: list[dict], mb: int, k: int, gk: int, exhaustive: boo
             bk = min(bk, gk)
             for planes in (4, 2) if exhaustive else (4,):
                 if planes == 2 or (four_ok and bk >= 64):
-                    out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8, "SWAP_AB": True,
-                                "JOIN": True, "SCALE_AFTER_DOT": False, "PLANES": planes, "num_warps": warps, "num_stages": stages})
+                    out.append(
+                        {
+                            "BLOCK_M": bm,
+                            "BLOCK_N": bn,
+                            "BLOCK_K": bk,
+                            "SPLIT_K": 1,
+                            "GROUP_M": 8,
+                            "SWAP_AB": True,
+                            "JOIN": True,
+                            "SCALE_AFTER_DOT": False,
+                            "PLANES": planes,
+                            "num_warps": warps,
+                            "num_stages": stages,
+                        }
+                    )
         for bm, bn, bk, warps, stages in ((64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3)):
             bk = min(bk, gk)
             if bm <= 2 * mb:
-                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
-                            "SWAP_AB": True, "PLANES": 4 if four_ok and bk >= 64 else 2, "num_warps": warps, "num_stages": stages})
+                out.append(
+                    {
+                        "BLOCK_M": bm,
+                        "BLOCK_N": bn,
+                        "BLOCK_K": bk,
+                        "SPLIT_K": 1,
+                        "GROUP_M": 8,
+                        "SWAP_AB": True,
+                        "PLANES": 4 if four_ok and bk >= 64 else 2,
+                        "num_warps": warps,
+                        "num_stages": stages,
+                    }
+                )
     return out
 
 
 def _opt_in(cfg: dict) -> str:
     if cfg.get("JOIN"):
-        return ("JOIN: ptxas overwrites registers of wgmmas in flight in 5 of 20 g128 and 10 of 32 per-channel tiles "
-                "(triton 3.6.0, qfuse bench sass); never a shipped pick")
+        return (
+            "JOIN: ptxas overwrites registers of wgmmas in flight in 5 of 20 g128 and 10 of 32 per-channel tiles "
+            "(triton 3.6.0, qfuse bench sass); never a shipped pick"
+        )
     return ""
 
 
@@ -345,5 +372,6 @@ def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
     return w4a16_tiled_planes(x, qweight, scales, zeros, bias, group_size, cfg)
 
 
-FAMILY = KernelFamily("tiled_planes", "w4a16_tiled_planes", lambda p: (True, "") if p.bits == 4 else (False, "4-bit only"), _configs, _run,
-                      opt_in=_opt_in)
+FAMILY = KernelFamily(
+    "tiled_planes", "w4a16_tiled_planes", lambda p: (True, "") if p.bits == 4 else (False, "4-bit only"), _configs, _run, opt_in=_opt_in
+)

@@ -69,8 +69,7 @@ LAUNCH_OPTIONS = {"num_stages": 2, "enable_fp_fusion": False}
 def _dp4a_u(a, b, c, ASM: tl.constexpr):
     """``c + sum_i ubyte_i(a) * sbyte_i(b)`` (int32)."""
     if ASM:
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
     else:
         for i in tl.static_range(4):
             c += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)
@@ -81,10 +80,8 @@ def _dp4a_u(a, b, c, ASM: tl.constexpr):
 def _even_odd_bytes(xa, xb, ASM: tl.constexpr):
     """``([xa.b0, xa.b2, xb.b0, xb.b2], [xa.b1, xa.b3, xb.b1, xb.b3])`` as int32 words."""
     if ASM:
-        xe = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6420;", "=r,r,r", [xa, xb],
-                                       dtype=tl.int32, is_pure=True, pack=1)
-        xo = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7531;", "=r,r,r", [xa, xb],
-                                       dtype=tl.int32, is_pure=True, pack=1)
+        xe = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6420;", "=r,r,r", [xa, xb], dtype=tl.int32, is_pure=True, pack=1)
+        xo = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7531;", "=r,r,r", [xa, xb], dtype=tl.int32, is_pure=True, pack=1)
     else:
         xe = (xa & 0xFF) | ((xa >> 8) & 0xFF00) | ((xb << 16) & 0xFF0000) | ((xb << 8) & _BYTE3)
         xo = ((xa >> 8) & 0xFF) | ((xa >> 16) & 0xFF00) | ((xb << 8) & 0xFF0000) | (xb & _BYTE3)
@@ -198,8 +195,29 @@ def _w4a8_gemv_kernel(
         x2 += 8 * BLOCK_W
         x3 += 8 * BLOCK_W
 
-    finish_tokens(acc0, acc1, acc2, acc3, m0, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr + tile * BLOCK_M, offs_n, rn,
-                  M, N, split_k, BLOCK_M, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    finish_tokens(
+        acc0,
+        acc1,
+        acc2,
+        acc3,
+        m0,
+        xs_ptr,
+        ws_ptr,
+        bias_ptr,
+        out_ptr,
+        acc_ws_ptr,
+        count_ptr + tile * BLOCK_M,
+        offs_n,
+        rn,
+        M,
+        N,
+        split_k,
+        BLOCK_M,
+        SPLIT,
+        X_PER_TOKEN,
+        W_PER_CHANNEL,
+        HAS_BIAS,
+    )
 
 
 # ---------------------------------------------------------------- launcher
@@ -231,7 +249,7 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
     if split > 1:
         tiles = grid[0] * grid[2] * bm
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
-        acc_ws, counts = buf[: m * n], buf[m * n:]
+        acc_ws, counts = buf[: m * n], buf[m * n :]
     else:
         acc_ws = counts = out  # never touched without split-K
     x_words = aligned_view(xq.contiguous(), torch.int32)  # [M, K // 4]
@@ -262,9 +280,11 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
 # / 4.7-5.6 (the tile kernel at M <= 16: 5.7-6.7 per-channel, 15-27 group 128, 6.5-8.4 with
 # GS_PARTIAL). BLOCK_W >= 2 keeps a row's bytes per iteration at >= 32 (a whole sector).
 _LANE_TILES = ((2, 32, 2), (2, 64, 4), (4, 32, 4), (4, 16, 2), (1, 64, 2))
-_SHAPES = {1: _LANE_TILES + ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8), (32, 32, 4), (64, 32, 8)),
-           2: _LANE_TILES + ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4)),
-           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8))}  # (64, 16, 4) at 4 tokens: 255 registers
+_SHAPES = {
+    1: _LANE_TILES + ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (128, 4, 4), (64, 16, 4), (128, 16, 8), (32, 32, 4), (64, 32, 8)),
+    2: _LANE_TILES + ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4)),
+    4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8)),
+}  # (64, 16, 4) at 4 tokens: 255 registers
 
 
 def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -> list[dict]:
@@ -276,8 +296,7 @@ def gemv_configs(m: int, n: int, k: int, group_size: int, sms: int, asm: bool) -
     bm = 1 if m == 1 else 2 if m == 2 else 4
     out = []
     for bn, bw, warps in _SHAPES[bm]:
-        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
-               "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1, "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
         if not gemv_supported(k, group_size, cfg):
             continue
         programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
@@ -301,5 +320,4 @@ def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
     return run_w4a8_gemv(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=cfg)
 
 
-FAMILY = KernelFamily("gemv", "w4a8_gemv", _supports,
-                      lambda p, exhaustive: gemv_configs(p.m, p.n, p.k, p.group_size, p.sms, asm=True), _run)
+FAMILY = KernelFamily("gemv", "w4a8_gemv", _supports, lambda p, exhaustive: gemv_configs(p.m, p.n, p.k, p.group_size, p.sms, asm=True), _run)

@@ -42,8 +42,7 @@ def _spread_nibbles(v):
 
 
 @triton.jit
-def _w4_to_int8_kernel(qw_ptr, gs_ptr, out_ptr, N, KW, G, GROUP_WORDS,
-                       GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+def _w4_to_int8_kernel(qw_ptr, gs_ptr, out_ptr, N, KW, G, GROUP_WORDS, GROUPED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     # qw_ptr: int32 words [N, KW] (KW = K // 8); out_ptr: int32 words [N, 2 * KW] of the int8 [N, K]
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)

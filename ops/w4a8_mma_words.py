@@ -98,8 +98,23 @@ def _tile_rows(pid_n, pid_m, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
-def _tile_dot(x_ptr, w_ptr, gs_ptr, rows_m, rows_n, K, KB, G, b_start, n_tiles,
-              GROUPED: tl.constexpr, GS_FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):
+def _tile_dot(
+    x_ptr,
+    w_ptr,
+    gs_ptr,
+    rows_m,
+    rows_n,
+    K,
+    KB,
+    G,
+    b_start,
+    n_tiles,
+    GROUPED: tl.constexpr,
+    GS_FOLD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """Exact int32 ``acc^T[BLOCK_N, BLOCK_M]`` over ``n_tiles`` 128-code tiles of K from packed byte
     ``b_start`` of each row (``K // 2`` bytes a row)."""
     BLOCK_K: tl.constexpr = 128
@@ -144,11 +159,29 @@ def _w4a8_mma_words_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_n, pid_m = tile_of(tl.program_id(0), num_pid_n, tl.cdiv(M, BLOCK_M), GROUP_N)
     offs_n, offs_m, mask_n, mask_m, rows_n, rows_m = _tile_rows(pid_n, pid_m, M, N, BLOCK_M, BLOCK_N)
-    acc = _tile_dot(x_ptr, w_ptr, gs_ptr, rows_m, rows_n, K, KB, G, pid_k * B_PER_SPLIT, B_PER_SPLIT // 64,
-                    GROUPED, GS_FOLD, BLOCK_M, BLOCK_N, ASM)
+    acc = _tile_dot(x_ptr, w_ptr, gs_ptr, rows_m, rows_n, K, KB, G, pid_k * B_PER_SPLIT, B_PER_SPLIT // 64, GROUPED, GS_FOLD, BLOCK_M, BLOCK_N, ASM)
     mask = mask_n[:, None] & mask_m[None, :]
-    finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
-                rows_m, rows_n, mask, N, split_k, SPLIT, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+    finish_tile(
+        acc,
+        xs_ptr,
+        ws_ptr,
+        bias_ptr,
+        out_ptr,
+        acc_ws_ptr,
+        count_ptr,
+        pid_m * num_pid_n + pid_n,
+        offs_m,
+        offs_n,
+        rows_m,
+        rows_n,
+        mask,
+        N,
+        split_k,
+        SPLIT,
+        X_PER_TOKEN,
+        W_PER_CHANNEL,
+        HAS_BIAS,
+    )
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -184,11 +217,49 @@ def _w4a8_mma_words_stream_kernel(
         contributors = (last - first + 1).to(tl.int32)
         mask = mask_n[:, None] & mask_m[None, :]
         if contributors == 1:
-            finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
-                        rows_m, rows_n, mask, N, 1, False, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+            finish_tile(
+                acc,
+                xs_ptr,
+                ws_ptr,
+                bias_ptr,
+                out_ptr,
+                acc_ws_ptr,
+                count_ptr,
+                pid_m * num_pid_n + pid_n,
+                offs_m,
+                offs_n,
+                rows_m,
+                rows_n,
+                mask,
+                N,
+                1,
+                False,
+                X_PER_TOKEN,
+                W_PER_CHANNEL,
+                HAS_BIAS,
+            )
         else:
-            finish_tile(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, acc_ws_ptr, count_ptr, pid_m * num_pid_n + pid_n, offs_m, offs_n,
-                        rows_m, rows_n, mask, N, contributors, True, X_PER_TOKEN, W_PER_CHANNEL, HAS_BIAS)
+            finish_tile(
+                acc,
+                xs_ptr,
+                ws_ptr,
+                bias_ptr,
+                out_ptr,
+                acc_ws_ptr,
+                count_ptr,
+                pid_m * num_pid_n + pid_n,
+                offs_m,
+                offs_n,
+                rows_m,
+                rows_n,
+                mask,
+                N,
+                contributors,
+                True,
+                X_PER_TOKEN,
+                W_PER_CHANNEL,
+                HAS_BIAS,
+            )
         u += n_kt
 
 
@@ -200,16 +271,32 @@ def mma_words_supported(k: int, split_k: int = 1) -> bool:
 def _operands(xq, x_scale, qweight, w_scale, group_scale, bias) -> tuple:
     """Both kernels' leading tensor arguments (``w_scale`` as the unread placeholder of an absent
     ``group_scale`` / ``bias``)."""
-    return (xq.contiguous(), x_scale.reshape(-1).contiguous(), qweight, w_scale,
-            group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale)
+    return (
+        xq.contiguous(),
+        x_scale.reshape(-1).contiguous(),
+        qweight,
+        w_scale,
+        group_scale if group_scale is not None else w_scale,
+        bias if bias is not None else w_scale,
+    )
 
 
 def _options(xq, x_scale, w_scale, group_scale, bias, config: dict) -> dict:
     """Both kernels' constexprs and launch options for ``config``."""
-    return dict(GROUPED=group_scale is not None, X_PER_TOKEN=x_scale.dim() == 2, W_PER_CHANNEL=w_scale.numel() != 1,
-                HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], GROUP_N=config.get("GROUP_N", 8),
-                GS_FOLD=bool(config.get("GS_FOLD", 0)), ASM=xq.is_cuda, num_warps=config.get("num_warps", 4),
-                num_stages=config.get("num_stages", LAUNCH_OPTIONS["num_stages"]), enable_fp_fusion=LAUNCH_OPTIONS["enable_fp_fusion"])
+    return dict(
+        GROUPED=group_scale is not None,
+        X_PER_TOKEN=x_scale.dim() == 2,
+        W_PER_CHANNEL=w_scale.numel() != 1,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=config["BLOCK_M"],
+        BLOCK_N=config["BLOCK_N"],
+        GROUP_N=config.get("GROUP_N", 8),
+        GS_FOLD=bool(config.get("GS_FOLD", 0)),
+        ASM=xq.is_cuda,
+        num_warps=config.get("num_warps", 4),
+        num_stages=config.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
+        enable_fp_fusion=LAUNCH_OPTIONS["enable_fp_fusion"],
+    )
 
 
 def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *, config: dict):
@@ -233,15 +320,15 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
         sms = config.get("SMS") or (sm_count(xq.device) if xq.is_cuda else 4)
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
         _w4a8_mma_words_stream_kernel[(max(1, min(units, config["STREAM"] * sms)),)](
-            *operands, out, buf[: m * n], buf[m * n:], m, n, k, k // 2, k // 128, k // 128, units, **options)
+            *operands, out, buf[: m * n], buf[m * n :], m, n, k, k // 2, k // 128, k // 128, units, **options
+        )
         return out
     if split > 1:
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
-        acc_ws, counts = buf[: m * n], buf[m * n:]
+        acc_ws, counts = buf[: m * n], buf[m * n :]
     else:
         acc_ws = counts = out  # never touched without split-K
-    _w4a8_mma_words_kernel[(tiles, split)](
-        *operands, out, acc_ws, counts, m, n, k, k // 2, k // 128, k // 2 // split, SPLIT=split > 1, **options)
+    _w4a8_mma_words_kernel[(tiles, split)](*operands, out, acc_ws, counts, m, n, k, k // 2, k // 128, k // 2 // split, SPLIT=split > 1, **options)
     return out
 
 
@@ -270,16 +357,18 @@ def mma_words_configs(m: int, n: int, k: int, sms: int, group_size: int = -1) ->
     for bn, warps, stages in _TILES:
         programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
         for sp in split_k_choices(k // 128, programs, sms):
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "GROUP_N": 8,
-                        "num_warps": warps, "num_stages": stages})
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "GROUP_N": 8, "num_warps": warps, "num_stages": stages})
     bn, warps = (128, 8) if m_bucket(m) <= 8 else (64, 4)
     tile = [c for c in out if (c["BLOCK_N"], c["num_warps"], c["num_stages"]) == (bn, warps, 4)]
     programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     first = min(tile, key=lambda c: max(programs * c["SPLIT_K"], 2 * sms) / min(programs * c["SPLIT_K"], 2 * sms))
     out = [first] + [c for c in out if c is not first]
     if m_bucket(m) <= 16:  # stream-K, opt-in (FAMILY's opt_in: slower on the H200), 1 or 2 programs per SM
-        out += [{"BLOCK_M": bm, "BLOCK_N": bn, "STREAM": per_sm, "GROUP_N": 8, "num_warps": warps, "num_stages": 4}
-                for bn, warps in ((128, 8), (128, 4), (64, 4)) for per_sm in (1, 2)]
+        out += [
+            {"BLOCK_M": bm, "BLOCK_N": bn, "STREAM": per_sm, "GROUP_N": 8, "num_warps": warps, "num_stages": 4}
+            for bn, warps in ((128, 8), (128, 4), (64, 4))
+            for per_sm in (1, 2)
+        ]
     if group_size == 128:  # group 128 also with the scale folded into the int8 operand
         out += [dict(c, GS_FOLD=1) for c in out]
     return out
@@ -299,8 +388,10 @@ def _supports(p: Problem) -> tuple[bool, str]:
 
 def _opt_in(cfg: dict) -> str:
     if cfg.get("STREAM"):
-        return ("STREAM: stream-K, bit-exact on the H200 but slower than its split-K grid (per-channel M = 1: 25.7 against "
-                "24.0 us on 28672x4096, 16.0 against 13.6 on 4096x14336)")
+        return (
+            "STREAM: stream-K, bit-exact on the H200 but slower than its split-K grid (per-channel M = 1: 25.7 against "
+            "24.0 us on 28672x4096, 16.0 against 13.6 on 4096x14336)"
+        )
     return ""
 
 
@@ -308,5 +399,6 @@ def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
     return run_w4a8_mma_words(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, config=cfg)
 
 
-FAMILY = KernelFamily("mma_words", "w4a8_mma_words", _supports,
-                      lambda p, exhaustive: mma_words_configs(p.m, p.n, p.k, p.sms, p.group_size), _run, opt_in=_opt_in)
+FAMILY = KernelFamily(
+    "mma_words", "w4a8_mma_words", _supports, lambda p, exhaustive: mma_words_configs(p.m, p.n, p.k, p.sms, p.group_size), _run, opt_in=_opt_in
+)

@@ -119,7 +119,7 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     if split > 1:
         buf = zeroed_int32(xq.device, m * n + grid[0] * grid[2] * bm)  # partials + counters, left zeroed
-        acc_ws, counts = buf[: m * n], buf[m * n:]
+        acc_ws, counts = buf[: m * n], buf[m * n :]
     else:
         acc_ws = counts = out  # never touched without split-K
     _w8a8_gemv_kernel[grid](
@@ -137,9 +137,11 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
 # (BLOCK_N, BLOCK_W, num_warps): 0.45-0.5 SASS instructions per weight byte at M = 1, 0.86 at 2,
 # 1.4-1.6 at 4 (sm_90, triton 3.7.1); BLOCK_W = 8 / 16 / 32 reads 128 / 256 / 512 B of a row per
 # iteration (longer row runs made the W4A16 and W4A8 GEMVs faster on the H200)
-_SHAPES = {1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4), (32, 32, 4), (128, 16, 8)),
-           2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (64, 16, 4)),
-           4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (64, 16, 4))}
+_SHAPES = {
+    1: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (512, 2, 8), (64, 16, 4), (32, 32, 4), (128, 16, 8)),
+    2: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (64, 16, 4)),
+    4: ((256, 4, 4), (128, 8, 4), (256, 2, 4), (64, 16, 4)),
+}
 
 
 def gemv8_configs(m: int, n: int, k: int, sms: int, asm: bool) -> list[dict]:
@@ -149,14 +151,12 @@ def gemv8_configs(m: int, n: int, k: int, sms: int, asm: bool) -> list[dict]:
     bm = 1 if m == 1 else 2 if m == 2 else 4
     out = []
     for bn, bw, warps in _SHAPES[bm]:
-        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1,
-               "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
+        cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": 1, "num_warps": warps, "num_stages": 2, "DP4A_ASM": int(asm)}
         if not gemv8_supported(k, cfg):
             continue
         programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
         split = 1
-        while programs * split < 2 * sms and gemv8_supported(k, dict(cfg, SPLIT_K=2 * split)) \
-                and k // 4 // (2 * split) >= 16 * bw and split < 16:
+        while programs * split < 2 * sms and gemv8_supported(k, dict(cfg, SPLIT_K=2 * split)) and k // 4 // (2 * split) >= 16 * bw and split < 16:
             split *= 2
         out += [dict(cfg, SPLIT_K=s) for s in dict.fromkeys((split, max(1, split // 2)))]
     return out + [dict(c, PREFETCH=1) for c in out]
@@ -176,6 +176,13 @@ def _run(cfg, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4):
     return run_w8a8_gemv(xq, x_scale, w, w_scale, bias, out_dtype, config=cfg)
 
 
-FAMILY = KernelFamily("gemv8", "w8a8_gemv", _supports, lambda p, exhaustive: gemv8_configs(p.m, p.n, p.k, p.sms, asm=True), _run,
-                      default=False, why_opt_in="W8A8 dp4a GEMV: right on the H200 grid but slower than the tile kernel at every "
-                      "measured point (M = 1: 10.8-50.6 us against 9.0-36.3); a candidate for GPUs without wgmma")
+FAMILY = KernelFamily(
+    "gemv8",
+    "w8a8_gemv",
+    _supports,
+    lambda p, exhaustive: gemv8_configs(p.m, p.n, p.k, p.sms, asm=True),
+    _run,
+    default=False,
+    why_opt_in="W8A8 dp4a GEMV: right on the H200 grid but slower than the tile kernel at every "
+    "measured point (M = 1: 10.8-50.6 us against 9.0-36.3); a candidate for GPUs without wgmma",
+)

@@ -13,8 +13,7 @@ from ._wna16_common import dequantize_triton
 from .kernel_family import KernelFamily
 
 
-def _run(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int,
-                group_size: int) -> Tensor:
+def _run(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
     """Dequantize to ``x.dtype`` (one Triton kernel), then cuBLAS ``x @ w_hat.T``."""
     w_hat = dequantize_triton(qweight, scales, zeros, bits, group_size, x.dtype)
     if bias is not None:
@@ -22,5 +21,6 @@ def _run(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
     return torch.mm(x, w_hat.t())
 
 
-FAMILY = KernelFamily("dequant_mm", "wna16_dequant_mm", lambda p: (True, "") if m_bucket(p.m) >= 128 else (False, "M bucket < 128"),
-                      lambda p, exhaustive: [{}], _run)
+FAMILY = KernelFamily(
+    "dequant_mm", "wna16_dequant_mm", lambda p: (True, "") if m_bucket(p.m) >= 128 else (False, "M bucket < 128"), lambda p, exhaustive: [{}], _run
+)

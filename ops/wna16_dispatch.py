@@ -78,57 +78,34 @@ def _heuristic(p: Problem, cands: list[dict]) -> list[dict]:
     return cands
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # The families in registry order: the order of the candidate list before the heuristic moves
 # the untuned pick to the front.
 FAMILIES = (GEMV, GEMV_WORDS, MMA_GEMV, TILED, TILED_WORDS, TILED_PLANES, MMA_WORDS, TILED_TMA, DEQUANT_MM)
 REGISTRY = Registry(OP, FAMILIES, _heuristic)
 
 
-def problem(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True,
-            dtype: torch.dtype | None = None) -> Problem:
+def problem(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True, dtype: torch.dtype | None = None) -> Problem:
     return Problem(m, n, k, bits, group_size, dtype, sms, tma)
 
 
-def candidate_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, exhaustive: bool = False,
-                      dtype: torch.dtype | None = None) -> list[dict]:
+def candidate_configs(
+    m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, exhaustive: bool = False, dtype: torch.dtype | None = None
+) -> list[dict]:
     """Every family's configs for this problem, opt-in ones included, the heuristic choice first;
     ``dtype``: the activations' (bf16 adds the word GEMV's packed-bf16 forms; None: unknown)."""
     return REGISTRY.candidates(problem(m, n, k, bits, group_size, sms, True, dtype), exhaustive)
 
 
-def run_config(cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
+def run_config(
+    cfg: dict, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int
+) -> Tensor:
     """Run ``wna16_gemm`` with one config (arguments already checked)."""
     return REGISTRY.run(cfg, x, qweight, scales, zeros, bias, bits, group_size)
 
 
-def usable_configs(m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True,
-                   dtype: torch.dtype | None = None) -> list[dict]:
+def usable_configs(
+    m: int, n: int, k: int, bits: int, group_size: int, sms: int = 132, tma: bool = True, dtype: torch.dtype | None = None
+) -> list[dict]:
     """The candidates the op may pick from: opt-in configs only with ``QFUSE_EXPERIMENTAL_KERNELS=1``;
     the TMA family only with ``tma`` (a Hopper or newer GPU); no ``HFMA2`` with ``QFUSE_FP32_ACCUMULATE=1``."""
     every = REGISTRY.offered(problem(m, n, k, bits, group_size, sms, tma, dtype))

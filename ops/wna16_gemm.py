@@ -74,9 +74,7 @@ def dequantize_wna16(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bits
     return (codes.to(torch.int32) - z).float() * s
 
 
-def wna16_gemm_ref(
-    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int
-) -> Tensor:
+def wna16_gemm_ref(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
     """Reference kernel for ``wna16_gemm`` (plain torch, any device)."""
     w_hat = dequantize_wna16(qweight, scales, zeros, bits, group_size).to(x.dtype)
     acc = x.float() @ w_hat.float().t()
@@ -132,9 +130,7 @@ def check_wna16_zeros(zeros: Tensor | None, bits: int) -> None:
 
 
 @torch.library.custom_op("qfuse::wna16_gemm", mutates_args=())
-def wna16_gemm(
-    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int
-) -> Tensor:
+def wna16_gemm(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
     """``x @ dequant(qweight).T + bias`` for 8- or 4-bit weights and fp16/bf16 activations."""
     check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size)
     check_wna16_zeros(zeros, bits)  # reads data: reference path only, never the CUDA kernel

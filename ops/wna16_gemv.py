@@ -63,7 +63,9 @@ def _wna16_gemv_kernel(
     store_row(tl.sum(acc, axis=1), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, pid, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
-def wna16_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+def wna16_gemv(
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict
+) -> Tensor:
     """Launch the GEMV kernel with config ``cfg`` (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]

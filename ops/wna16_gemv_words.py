@@ -108,8 +108,11 @@ def _word_dot_ptx(words: int) -> str:
             if t:
                 lines.append(f"shr.u32 w, {src}, {4 * t};")
                 src = "w"
-            lines += [f"lop3.b32 v, {src}, 0x000F000F, 0x43004300, 0xEA;", f"fma.rn.bf16x2 q, v, one, {negz};",
-                      f"fma.rn.bf16x2 a, q, ${words + 2 + 4 * i + t}, a;"]
+            lines += [
+                f"lop3.b32 v, {src}, 0x000F000F, 0x43004300, 0xEA;",
+                f"fma.rn.bf16x2 q, v, one, {negz};",
+                f"fma.rn.bf16x2 a, q, ${words + 2 + 4 * i + t}, a;",
+            ]
     lines += ["shl.b32 lo, a, 16;", "and.b32 hi, a, 0xFFFF0000;", "add.f32 $0, lo, hi;"]
     return "{\n" + "\n".join(lines) + "\n}"
 
@@ -138,8 +141,7 @@ def act_pairs(xa, xb, xc, xd, ASM: tl.constexpr):
     """``(x04, x15, x26, x37)``: uint32 pairs (x[t], x[t + 4]) of a word's 8 activations, given as
     its 4 uint32 pairs (x[2i], x[2i + 1])."""
     if ASM:
-        return tl.inline_asm_elementwise(_ACT_PAIRS, "=r,=r,=r,=r,r,r,r,r", [xa, xb, xc, xd],
-                                         dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(_ACT_PAIRS, "=r,=r,=r,=r,r,r,r,r", [xa, xb, xc, xd], dtype=(tl.uint32,) * 4, is_pure=True, pack=1)
     else:
         return (xa & 0xFFFF) | (xc << 16), (xa >> 16) | (xc & 0xFFFF0000), (xb & 0xFFFF) | (xd << 16), (xb >> 16) | (xd & 0xFFFF0000)
 
@@ -180,12 +182,16 @@ def word_dot_bf16x2(words, negz, x04, x15, x26, x37, WORDS: tl.constexpr, ASM: t
         x37, x37_1 = _halves(x37)
     if ASM:
         if WORDS == 2:
-            r = tl.inline_asm_elementwise(_TWO_WORD_DOT_BF16X2, _TWO_WORD_CONSTRAINTS,
-                                          [words, words_1, negz, x04, x15, x26, x37, x04_1, x15_1, x26_1, x37_1],
-                                          dtype=tl.int32, is_pure=True, pack=1)
+            r = tl.inline_asm_elementwise(
+                _TWO_WORD_DOT_BF16X2,
+                _TWO_WORD_CONSTRAINTS,
+                [words, words_1, negz, x04, x15, x26, x37, x04_1, x15_1, x26_1, x37_1],
+                dtype=tl.int32,
+                is_pure=True,
+                pack=1,
+            )
         else:
-            r = tl.inline_asm_elementwise(_WORD_DOT_BF16X2, "=r,r,r,r,r,r,r", [words, negz, x04, x15, x26, x37],
-                                          dtype=tl.int32, is_pure=True, pack=1)
+            r = tl.inline_asm_elementwise(_WORD_DOT_BF16X2, "=r,r,r,r,r,r,r", [words, negz, x04, x15, x26, x37], dtype=tl.int32, is_pure=True, pack=1)
         return r.to(tl.float32, bitcast=True)
     else:
         q_minus = 128.0 + (negz << 16).to(tl.float32, bitcast=True)  # -z: u - z = (128 + u) - (128 + z)
@@ -311,7 +317,9 @@ def _wna16_gemv_words_kernel(
                     # (u - z) * 2**(BITS*j) times x * 2**(-BITS*j) is (u - z) * x exactly. MAGIC_BITS
                     # (0x4B000000) and CODE_MASK (2**BITS - 1) arrive as kernel arguments, so they sit
                     # in registers and ptxas fuses and + or into one 3-input LOP3 (immediates: two).
-                    cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[:, :, None]
+                    cj = ((half & (CODE_MASK << (BITS * j))) | MAGIC_BITS).to(tl.float32, bitcast=True) - (8388608.0 + z * (1 << (BITS * j)))[
+                        :, :, None
+                    ]
                     xj = tl.load(x_row + ow * CPW + (CPH * h + j), eviction_policy="evict_last").to(tl.float32) * (1.0 / (1 << (BITS * j)))
                     t += cj * tl.reshape(xj, (1, NG, WPG))
             if GROUP > 0:
@@ -319,8 +327,9 @@ def _wna16_gemv_words_kernel(
             else:
                 acc = t
     res = tl.sum(tl.sum(acc, axis=2), axis=1)
-    store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m,
-              pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
+    store_row(
+        res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K
+    )
 
 
 def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
@@ -346,7 +355,9 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
     return block_w
 
 
-def wna16_gemv_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+def wna16_gemv_words(
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict
+) -> Tensor:
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
     word's products summed in bf16x2 lanes)} (arguments already checked)."""
@@ -390,8 +401,11 @@ def _configs(p: Problem, exhaustive: bool) -> list[dict]:
     # each row (BLOCK_W = 64: 256 / 128 bytes for 4 / 8 bits); a tile may span several groups.
     # Per-channel, H200, M = 1 (BENCHMARKS.md, word GEMV tile width): 28672x4096 4-bit 26.4 us
     # at BLOCK_W = 64 against 29.4 at 16; 8-bit 33.2 against 35.1 at 32.
-    shapes = ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8), (16, 128, 4), (32, 128, 8)) if bits == 4 else \
-             ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8), (32, 128, 8))
+    shapes = (
+        ((128, 16, 4), (64, 16, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8), (16, 128, 4), (32, 128, 8))
+        if bits == 4
+        else ((128, 32, 4), (64, 32, 4), (256, 32, 8), (32, 64, 4), (64, 64, 4), (128, 64, 8), (32, 128, 8))
+    )
     plain = []
     for bn, bw, warps in shapes:
         for sp in split_k_choices(k * bits // 32 // tile_words(k, bits, group_size, bw), cdiv(n, bn) * m, sms):

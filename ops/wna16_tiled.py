@@ -92,7 +92,9 @@ def split_k_slices(k: int, block_k: int, split_k: int) -> tuple[int, bool]:
     return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k, False
 
 
-def wna16_tiled(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+def wna16_tiled(
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict
+) -> Tensor:
     """Launch the tiled kernel with config ``cfg`` (arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
@@ -125,8 +127,18 @@ def tiled_configs(p: Problem, exhaustive: bool) -> list[dict]:
                 split = split_for(cdiv(m, bm) * cdiv(n, bn), k, bk, sms)
                 for sp in sorted({split, 1} | ({2 * split} if exhaustive else set()), reverse=True):
                     for stages in (3, 4) if exhaustive else (3,):
-                        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp,
-                                    "SCALE_AFTER_DOT": bm < bk, "GROUP_M": 8, "num_warps": 4, "num_stages": stages})
+                        out.append(
+                            {
+                                "BLOCK_M": bm,
+                                "BLOCK_N": bn,
+                                "BLOCK_K": bk,
+                                "SPLIT_K": sp,
+                                "SCALE_AFTER_DOT": bm < bk,
+                                "GROUP_M": 8,
+                                "num_warps": 4,
+                                "num_stages": stages,
+                            }
+                        )
     if mb >= 64:
         big = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)]
         if exhaustive:
@@ -134,8 +146,18 @@ def tiled_configs(p: Problem, exhaustive: bool) -> list[dict]:
         for bm, bn, bk, warps, stages in big:
             if bm > 2 * mb:
                 continue
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(bk, gk), "SPLIT_K": 1,
-                        "SCALE_AFTER_DOT": False, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
+            out.append(
+                {
+                    "BLOCK_M": bm,
+                    "BLOCK_N": bn,
+                    "BLOCK_K": min(bk, gk),
+                    "SPLIT_K": 1,
+                    "SCALE_AFTER_DOT": False,
+                    "GROUP_M": 8,
+                    "num_warps": warps,
+                    "num_stages": stages,
+                }
+            )
     return out
 
 

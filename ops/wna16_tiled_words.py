@@ -163,7 +163,9 @@ def tiled_words_supported(k: int, bits: int) -> bool:
     return k % (32 // bits) == 0
 
 
-def wna16_tiled_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
+def wna16_tiled_words(
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict
+) -> Tensor:
     """Launch with config ``cfg`` (the tiled kernel's keys; arguments already checked)."""
     m, k = x.shape
     n = qweight.shape[0]
@@ -213,8 +215,17 @@ def _swap_words_configs(mb: int, gk: int, bits: int, exhaustive: bool) -> list[d
     128 x 128 fit two programs per SM. 4-bit: with and without the PTX half planes."""
     out = []
     for bm, bn, bk, warps, stages in weight_major_tiles(mb, exhaustive):
-        c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(bk, gk), "SPLIT_K": 1, "SCALE_AFTER_DOT": False,
-             "GROUP_M": 8, "SWAP_AB": True, "num_warps": warps, "num_stages": stages}
+        c = {
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": min(bk, gk),
+            "SPLIT_K": 1,
+            "SCALE_AFTER_DOT": False,
+            "GROUP_M": 8,
+            "SWAP_AB": True,
+            "num_warps": warps,
+            "num_stages": stages,
+        }
         if bits == 4:
             out.append({**c, "HALF_PLANES": True})
         if bits == 8 or exhaustive:
@@ -226,5 +237,10 @@ def _run(cfg, x, qweight, scales, zeros, bias, bits, group_size):
     return wna16_tiled_words(x, qweight, scales, zeros, bias, bits, group_size, cfg)
 
 
-FAMILY = KernelFamily("tiled_words", "wna16_tiled_words",
-                      lambda p: (True, "") if tiled_words_supported(p.k, p.bits) else (False, "K not whole int32 words"), _configs, _run)
+FAMILY = KernelFamily(
+    "tiled_words",
+    "wna16_tiled_words",
+    lambda p: (True, "") if tiled_words_supported(p.k, p.bits) else (False, "K not whole int32 words"),
+    _configs,
+    _run,
+)

@@ -134,8 +134,9 @@ def accumulator_zeros(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.cons
     written, before the loop: a constant let LLVM rematerialize the zeros on the loop's zero-trip
     edge, and ptxas then serialized every wgmma of the loop (C7515, see the module docstring)."""
     if ASM:
-        return tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)], dtype=tl.float32,
-                                         is_pure=False, pack=1)
+        return tl.inline_asm_elementwise(
+            "mov.b32 $0, 0;", "=r,r", [tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)], dtype=tl.float32, is_pure=False, pack=1
+        )
     else:
         return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
 
@@ -156,9 +157,11 @@ def _word_pairs_asm(magic: int, ty: str, scaled: bool) -> str:
     return "{\n.reg .b32 v, t;\n" + body + "}"
 
 
-_WORD_PAIRS = {(dt, scaled): tl.constexpr(_word_pairs_asm(magic, ty, scaled))
-               for dt, magic, ty in (("bf16", 0x43004300, "bf16x2"), ("fp16", 0x64006400, "f16x2"))
-               for scaled in (False, True)}
+_WORD_PAIRS = {
+    (dt, scaled): tl.constexpr(_word_pairs_asm(magic, ty, scaled))
+    for dt, magic, ty in (("bf16", 0x43004300, "bf16x2"), ("fp16", 0x64006400, "f16x2"))
+    for scaled in (False, True)
+}
 _WORD_PAIRS_BF16, _WORD_PAIRS_BF16_SCALED = _WORD_PAIRS["bf16", False], _WORD_PAIRS["bf16", True]
 _WORD_PAIRS_FP16, _WORD_PAIRS_FP16_SCALED = _WORD_PAIRS["fp16", False], _WORD_PAIRS["fp16", True]
 # 4 registers unchanged, after every wgmma in flight is done
@@ -189,14 +192,22 @@ def word_planes(words, z, s, dtype: tl.constexpr, SCALED: tl.constexpr, ASM: tl.
         if SCALED:
             s2 = tl.broadcast_to(s[:, None, None, None], shape)
             if dtype == tl.bfloat16:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    _WORD_PAIRS_BF16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2
+                )
             else:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    _WORD_PAIRS_FP16_SCALED, "=r,=r,=r,=r,r,r,r,r", [w2, neg, s2], dtype=(tl.float16,) * 4, is_pure=True, pack=2
+                )
         else:
             if dtype == tl.bfloat16:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_BF16, "=r,=r,=r,=r,r,r,r", [w2, neg], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    _WORD_PAIRS_BF16, "=r,=r,=r,=r,r,r,r", [w2, neg], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2
+                )
             else:
-                p0, p1, p2, p3 = tl.inline_asm_elementwise(_WORD_PAIRS_FP16, "=r,=r,=r,=r,r,r,r", [w2, neg], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+                p0, p1, p2, p3 = tl.inline_asm_elementwise(
+                    _WORD_PAIRS_FP16, "=r,=r,=r,=r,r,r,r", [w2, neg], dtype=(tl.float16,) * 4, is_pure=True, pack=2
+                )
     else:
         e = tl.arange(0, 2)[None, None, None, :]
         zf = z[:, None, None, None]
@@ -287,8 +298,7 @@ def tma_supported(k: int, bits: int = 4) -> bool:
     return k % (32 if bits == 4 else 16) == 0
 
 
-def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int,
-              cfg: dict) -> Tensor:
+def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict) -> Tensor:
     """Launch with config ``cfg`` (BLOCK_M / N / K, SPLIT_K, GROUP_M, num_warps, num_stages;
     arguments already checked by the op)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -320,18 +330,47 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         w_desc = TensorDescriptor.from_tensor(qweight.view(torch.int32), [bn, bk // 8])
     else:  # 8-bit: the code bytes as int16 pairs [N, K / 2] (the kernel's PTX takes two pairs per register)
         w_desc = TensorDescriptor.from_tensor(qweight if bits == 4 else qweight.view(torch.int16), [bn, bk // 2])
-    args = (TensorDescriptor.from_tensor(x, [bm, bk]), w_desc, scales, zeros if zeros is not None else qweight,
-            bias if bias is not None else scales, out)
-    consts = dict(BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                  GROUP_M=cfg.get("GROUP_M", 8), ASM=x.is_cuda, DOT_F32=not x.is_cuda, WORDS=words,
-                  num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]))
+    args = (
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        w_desc,
+        scales,
+        zeros if zeros is not None else qweight,
+        bias if bias is not None else scales,
+        out,
+    )
+    consts = dict(
+        BITS=bits,
+        GROUP=group_size,
+        HAS_ZEROS=zeros is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg.get("GROUP_M", 8),
+        ASM=x.is_cuda,
+        DOT_F32=not x.is_cuda,
+        WORDS=words,
+        num_warps=cfg.get("num_warps", 4),
+        num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
+    )
     if full:  # every tile, or with TAIL_SPLIT the whole waves
-        _wna16_tma_kernel[(full, split_k)](*args, ws, counts, m, n, k, scales.shape[1], k_per_split,
-                                           SPLIT_K=split_k, TAIL_SPLIT=0, FULL_TILES=0, **consts)
+        _wna16_tma_kernel[(full, split_k)](
+            *args, ws, counts, m, n, k, scales.shape[1], k_per_split, SPLIT_K=split_k, TAIL_SPLIT=0, FULL_TILES=0, **consts
+        )
     if full < tiles:  # the tail: its own K slices, float32 partials and arrival counters
-        _wna16_tma_kernel[(tiles - full, tail_split)](*args, *split_workspace(x, n, tail_split, tiles - full), m, n, k, scales.shape[1],
-                                                      split_k_slices(k, bk, tail_split)[0],
-                                                      SPLIT_K=tail_split, TAIL_SPLIT=tail_split, FULL_TILES=full, **consts)
+        _wna16_tma_kernel[(tiles - full, tail_split)](
+            *args,
+            *split_workspace(x, n, tail_split, tiles - full),
+            m,
+            n,
+            k,
+            scales.shape[1],
+            split_k_slices(k, bk, tail_split)[0],
+            SPLIT_K=tail_split,
+            TAIL_SPLIT=tail_split,
+            FULL_TILES=full,
+            **consts,
+        )
     return out
 
 
@@ -353,8 +392,7 @@ def _configs(p: Problem, exhaustive: bool) -> list[dict]:
         # (at most 4, 8 for the decode tiles: each split adds a float32 [M, N] partial to write and reread)
         split = split_for(cdiv(m, bm) * cdiv(n, bn), k, bk, sms)
         for sp in [s for s in (1, 2, 4, 8) if s <= split and (s < 8 or bm <= 32)]:
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8,
-                        "num_warps": warps, "num_stages": stages})
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sp, "GROUP_M": 8, "num_warps": warps, "num_stages": stages})
             # the int32 words in wgmma's lane order, the activations permuted to match once per call
             # (ops/wna16_tma.py, WORDS; sm_90 SASS: loop 19-39 % shorter, but a wgmma drain per K tile);
             # offered for the 64-token 128-deep and 256-token 64-deep tiles only (_words_offered)
@@ -367,8 +405,19 @@ def _configs(p: Problem, exhaustive: bool) -> list[dict]:
         # config's time where a tail exists (the float32 partials cost more than the idle part of
         # the last wave; split 4 1.17-1.33x), so never picked
         if mb >= 256 and bm == 256:
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8,
-                        "num_warps": warps, "num_stages": stages, "TAIL_SPLIT": 2, "TAIL_WAVE": 1 if warps == 8 else 2})
+            out.append(
+                {
+                    "BLOCK_M": bm,
+                    "BLOCK_N": bn,
+                    "BLOCK_K": bk,
+                    "SPLIT_K": 1,
+                    "GROUP_M": 8,
+                    "num_warps": warps,
+                    "num_stages": stages,
+                    "TAIL_SPLIT": 2,
+                    "TAIL_WAVE": 1 if warps == 8 else 2,
+                }
+            )
     return out
 
 

@@ -86,9 +86,7 @@ def pattern_pass(config: PassConfig) -> PatternMatcherPass:
     anchor = CallFunction(QUANT, KeywordArg("inp"), _users=MULTIPLE)
     for name, recognize, flags in FUSIONS:
         if all(getattr(config, f) for f in flags):
-            register_graph_pattern(anchor, extra_check=functools.partial(_check, recognize), pass_dict=pm)(
-                functools.partial(_rewrite, name)
-            )
+            register_graph_pattern(anchor, extra_check=functools.partial(_check, recognize), pass_dict=pm)(functools.partial(_rewrite, name))
     return pm
 
 

@@ -1,8 +1,8 @@
 """qfuse: quantized LLM inference that stays fast under torch.compile.
 
-    import qfuse
-    qfuse.quantize_model(model, "W4A8")
-    model = qfuse.compile(model)     # torch.compile + the fusion passes
+import qfuse
+qfuse.quantize_model(model, "W4A8")
+model = qfuse.compile(model)     # torch.compile + the fusion passes
 """
 
 from pathlib import Path as _Path
@@ -31,7 +31,18 @@ from .quantize_model import quantize_model  # noqa: E402
 from .schemes import SCHEMES, Scheme, get_scheme  # noqa: E402
 
 __all__ = [
-    "CheckpointError", "QuantLinear", "RMSNorm", "SCHEMES", "Scheme", "compile", "from_pretrained", "get_scheme",
-    "inductor_options", "load_quantized", "ops", "quantize_model", "save_quantized",
+    "CheckpointError",
+    "QuantLinear",
+    "RMSNorm",
+    "SCHEMES",
+    "Scheme",
+    "compile",
+    "from_pretrained",
+    "get_scheme",
+    "inductor_options",
+    "load_quantized",
+    "ops",
+    "quantize_model",
+    "save_quantized",
 ]
 __version__ = "0.1.0"

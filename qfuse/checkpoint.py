@@ -86,8 +86,10 @@ def _plain_tensors(reader, model: nn.Module, specs: dict, dtype: torch.dtype, de
         if tuple(t.shape) != tuple(want.shape):
             raise CheckpointError(f"{where}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(want.shape)}")
         if t.is_floating_point() != want.is_floating_point():
-            raise CheckpointError(f"{where}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}, "
-                                  f"the model expects {str(want.dtype).removeprefix('torch.')}")
+            raise CheckpointError(
+                f"{where}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}, "
+                f"the model expects {str(want.dtype).removeprefix('torch.')}"
+            )
         plain[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
     return plain
 
@@ -146,8 +148,10 @@ def load_quantized(
             raise CheckpointError(f"{where}: quantized layer {prefix} has no module of that name in the model") from None
         shape = (target.out_features, target.in_features) if isinstance(target, (nn.Linear, QuantLinear)) else None
         if shape != (spec.out_features, spec.in_features):
-            raise CheckpointError(f"{where}: quantized layer {prefix} is [{spec.out_features}, {spec.in_features}], "
-                                  f"the model's {type(target).__name__} there is {list(shape) if shape else 'not a linear layer'}")
+            raise CheckpointError(
+                f"{where}: quantized layer {prefix} is [{spec.out_features}, {spec.in_features}], "
+                f"the model's {type(target).__name__} there is {list(shape) if shape else 'not a linear layer'}"
+            )
     plain = _plain_tensors(reader, model, specs, dtype, device)
     _check_nothing_missing(model, specs, plain, reader.files)
     built = {}
@@ -281,10 +285,12 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     config["quantization_config"] = qc
     if extension:
         config[EXTENSION_KEY] = {
-            "name": EXTENSION_NAME, "version": 1, "layers": extension,
+            "name": EXTENSION_NAME,
+            "version": 1,
+            "layers": extension,
             "about": "int-quantized int8 weights that are int4 codes times an integer group scale in [1, 16] per "
-                     "128 inputs (or per the layer's entry in group_sizes); qfuse reloads these layers as W4A8 "
-                     "with that group, other engines run them as W8A8 (same math)",
+            "128 inputs (or per the layer's entry in group_sizes); qfuse reloads these layers as W4A8 "
+            "with that group, other engines run them as W8A8 (same math)",
         }
         if extension_groups:
             config[EXTENSION_KEY]["group_sizes"] = extension_groups

@@ -1,12 +1,12 @@
 """The ``qfuse`` command line.
 
-    qfuse demo [--schemes W8A8 W4A8 ...] [--no-compile]
-    qfuse quantize MODEL_DIR --scheme S --out DIR      quantize a local HF model, save compressed-tensors
-    qfuse eval MODEL_DIR --ppl [--text FILE]            perplexity of a quantized or float model
-    qfuse info DIR                                       format, scheme per layer, bytes
-    qfuse kernels --explain M N K SCHEME                 kernel families considered / refused / picked for a GEMM
-    qfuse bench NAME [options]                           NAME = a module of qfuse.bench (gemm, int8, decoder, ...)
-    qfuse --version
+qfuse demo [--schemes W8A8 W4A8 ...] [--no-compile]
+qfuse quantize MODEL_DIR --scheme S --out DIR      quantize a local HF model, save compressed-tensors
+qfuse eval MODEL_DIR --ppl [--text FILE]            perplexity of a quantized or float model
+qfuse info DIR                                       format, scheme per layer, bytes
+qfuse kernels --explain M N K SCHEME                 kernel families considered / refused / picked for a GEMM
+qfuse bench NAME [options]                           NAME = a module of qfuse.bench (gemm, int8, decoder, ...)
+qfuse --version
 """
 
 from __future__ import annotations

@@ -36,12 +36,15 @@ def run_demo(schemes: list[str] | None = None, *, compile_model: bool = True, dt
     with torch.inference_mode():
         ref = base(ids).float()
     base_bytes = _linear_weight_bytes(base)
-    print(f"TinyLlama: {c.num_layers} layers, hidden {c.hidden_size}, intermediate {c.intermediate_size}, "
-          f"{dtype}; input 2 x 32 tokens; errors are on the logits vs the {dtype} model.\n"
-          "Its weights are random (normal, std 0.02): the errors show the mechanics of each scheme,\n"
-          "not its accuracy on a trained model.\n")
-    header = (f"{'scheme':<11} {'max err':>8} {'mean err':>9} {'rel err':>8} {'compiled-eager':>15} {'fused':>6} "
-              f"{'weights':>10} {'vs bf16':>8} {'time':>6}")
+    print(
+        f"TinyLlama: {c.num_layers} layers, hidden {c.hidden_size}, intermediate {c.intermediate_size}, "
+        f"{dtype}; input 2 x 32 tokens; errors are on the logits vs the {dtype} model.\n"
+        "Its weights are random (normal, std 0.02): the errors show the mechanics of each scheme,\n"
+        "not its accuracy on a trained model.\n"
+    )
+    header = (
+        f"{'scheme':<11} {'max err':>8} {'mean err':>9} {'rel err':>8} {'compiled-eager':>15} {'fused':>6} {'weights':>10} {'vs bf16':>8} {'time':>6}"
+    )
     print(header)
     print("-" * len(header))
     print(f"{dtype:<11} {0:>8.4f} {0:>9.5f} {0:>8.4f} {'-':>15} {'-':>6} {base_bytes / 2**20:>8.2f}MB {1:>7.2f}x {'-':>6}")
@@ -69,10 +72,14 @@ def run_demo(schemes: list[str] | None = None, *, compile_model: bool = True, dt
         err = (out - ref).abs()
         rel = ((out - ref).norm() / ref.norm()).item()
         nbytes = _linear_weight_bytes(model)
-        print(f"{scheme.name:<11} {err.max().item():>8.4f} {err.mean().item():>9.5f} {rel:>8.4f} {cdiff:>15} {fused:>6} "
-              f"{nbytes / 2**20:>8.2f}MB {nbytes / base_bytes:>7.2f}x {time.perf_counter() - t0:>5.1f}s")
-    print("\nweights: every quantized Linear's codes + scales (+ zero points); lm_head stays in "
-          f"{dtype}.\ncompiled-eager: max |qfuse.compile(fullgraph=True) - eager| on the logits.\n"
-          "fused: activation quantizations the fusion passes folded into the norm / SiLU-and-mul before them "
-          f"(3 per layer; the one before o_proj stays).")
+        print(
+            f"{scheme.name:<11} {err.max().item():>8.4f} {err.mean().item():>9.5f} {rel:>8.4f} {cdiff:>15} {fused:>6} "
+            f"{nbytes / 2**20:>8.2f}MB {nbytes / base_bytes:>7.2f}x {time.perf_counter() - t0:>5.1f}s"
+        )
+    print(
+        "\nweights: every quantized Linear's codes + scales (+ zero points); lm_head stays in "
+        f"{dtype}.\ncompiled-eager: max |qfuse.compile(fullgraph=True) - eager| on the logits.\n"
+        "fused: activation quantizations the fusion passes folded into the norm / SiLU-and-mul before them "
+        f"(3 per layer; the one before o_proj stays)."
+    )
     return 0

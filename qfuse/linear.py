@@ -122,8 +122,7 @@ def check_quantizable(w: Tensor, scheme: Scheme, name: str) -> None:
     """Raise a ValueError/TypeError saying why ``w`` [N, K] cannot take ``scheme``."""
     if w.dtype not in _ACT_DTYPES:
         raise TypeError(
-            f"{name}: weight dtype {w.dtype} is not supported; qfuse runs fp16/bf16 models "
-            "(convert first, e.g. model.to(torch.bfloat16))"
+            f"{name}: weight dtype {w.dtype} is not supported; qfuse runs fp16/bf16 models (convert first, e.g. model.to(torch.bfloat16))"
         )
     if w.dim() != 2:
         raise ValueError(f"{name}: weight must be 2-D, got {tuple(w.shape)}")

@@ -89,8 +89,7 @@ def _refuse_nothing_to_quantize(model: nn.Module, linears: list, candidates: lis
     if linears:
         return
     n_linear = sum(isinstance(m, nn.Linear) for _, m in candidates)
-    why = (f"all {n_linear} nn.Linear layer(s) are matched by ignore={patterns!r}" if n_linear
-           else f"{type(model).__name__} contains no nn.Linear")
+    why = f"all {n_linear} nn.Linear layer(s) are matched by ignore={patterns!r}" if n_linear else f"{type(model).__name__} contains no nn.Linear"
     raise ValueError(f"nothing to quantize (model left unchanged): {why}")
 
 
@@ -176,8 +175,7 @@ def _problem(name: str, mod: nn.Module, scheme: Scheme, fallback_failed: bool = 
     return None
 
 
-def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme, schemes: dict[str, Scheme] | None = None,
-               group_fallback: bool = False) -> None:
+def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme, schemes: dict[str, Scheme] | None = None, group_fallback: bool = False) -> None:
     """One error naming every layer that cannot be converted, before anything changes.
     ``schemes``: a Linear's own scheme by name (default: ``scheme``)."""
     schemes = schemes or {}
@@ -192,8 +190,10 @@ def _check_all(layers: list[tuple[str, nn.Module]], scheme: Scheme, schemes: dic
     kind = TypeError if all(isinstance(e, TypeError) for e in problems) else ValueError
     lines = "\n  ".join(str(e) for e in problems[:20])
     more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-    raise kind(f"cannot quantize {len(problems)} layer(s) with {scheme.name} (model left unchanged):\n  {lines}{more}\n"
-               "pass their names in ignore=... to keep them in floating point")
+    raise kind(
+        f"cannot quantize {len(problems)} layer(s) with {scheme.name} (model left unchanged):\n  {lines}{more}\n"
+        "pass their names in ignore=... to keep them in floating point"
+    )
 
 
 def _build_replacements(linears: list, norms: list, scheme: Scheme, schemes: dict[str, Scheme], progress: bool) -> list[tuple[str, nn.Module]]:
@@ -221,15 +221,17 @@ def _check_calibration(steps: list, scheme: Scheme, data, calibration) -> None:
     check_recipe(steps, scheme)
     if (steps or scheme.static_act) and data is None:
         need = f"calibration={calibration!r}" if steps else f"{scheme.name} (static activation scales)"
-        raise ValueError(f"{need} needs calibration_data: token ids [B, T] or a list of them "
-                         "(e.g. qfuse.calibration.calibration_batches(tokenizer))")
+        raise ValueError(f"{need} needs calibration_data: token ids [B, T] or a list of them (e.g. qfuse.calibration.calibration_batches(tokenizer))")
     if data is not None and not steps and not scheme.static_act:
-        raise ValueError(f"calibration_data was given but nothing uses it: {scheme.name} with calibration=None rounds to nearest "
-                         "(pass calibration='gptq', 'awq', 'sq', ... or drop calibration_data)")
+        raise ValueError(
+            f"calibration_data was given but nothing uses it: {scheme.name} with calibration=None rounds to nearest "
+            "(pass calibration='gptq', 'awq', 'sq', ... or drop calibration_data)"
+        )
 
 
-def _fake_quant_replacements(model: nn.Module, linears: list, schemes: dict[str, Scheme], steps: list, data,
-                             progress: bool) -> list[tuple[str, nn.Module]]:
+def _fake_quant_replacements(
+    model: nn.Module, linears: list, schemes: dict[str, Scheme], steps: list, data, progress: bool
+) -> list[tuple[str, nn.Module]]:
     """FakeQuantLinears: the calibration's own (the pipeline leaves them in the decoder layers),
     round to nearest for the rest."""
     if data is not None:
@@ -242,8 +244,9 @@ def _fake_quant_replacements(model: nn.Module, linears: list, schemes: dict[str,
     return new
 
 
-def _calibrated_replacements(model: nn.Module, linears: list, scheme: Scheme, schemes: dict[str, Scheme], steps: list, data,
-                             progress: bool, results: dict | None = None) -> list[tuple[str, nn.Module]]:
+def _calibrated_replacements(
+    model: nn.Module, linears: list, scheme: Scheme, schemes: dict[str, Scheme], steps: list, data, progress: bool, results: dict | None = None
+) -> list[tuple[str, nn.Module]]:
     """QuantLinears from the layer-by-layer calibration (run here unless its ``results`` are
     given); Linears outside the decoder layers round to nearest."""
     if results is None:
@@ -253,8 +256,10 @@ def _calibrated_replacements(model: nn.Module, linears: list, scheme: Scheme, sc
         r = results.get(name)
         if r is None:
             if schemes[name].static_act:
-                raise ValueError(f"{_label(name)}: {scheme.name} needs a calibrated activation scale, and calibration runs inside "
-                                 "the decoder layers only: pass this layer in ignore=...")
+                raise ValueError(
+                    f"{_label(name)}: {scheme.name} needs a calibrated activation scale, and calibration runs inside "
+                    "the decoder layers only: pass this layer in ignore=..."
+                )
             new.append((name, QuantLinear.from_linear(mod, schemes[name])))
         else:
             n, k = r.w_hat.shape
@@ -327,8 +332,16 @@ def quantize_model(
     return _swap_in(model, new + [(name, RMSNorm.from_module(mod)) for name, mod in norms])
 
 
-def quantize_with_simulation(model: nn.Module, scheme: Scheme | str, *, ignore=None, progress: bool = True, group_fallback: bool = True,
-                             calibration=None, calibration_data=None) -> tuple[nn.Module, nn.Module]:
+def quantize_with_simulation(
+    model: nn.Module,
+    scheme: Scheme | str,
+    *,
+    ignore=None,
+    progress: bool = True,
+    group_fallback: bool = True,
+    calibration=None,
+    calibration_data=None,
+) -> tuple[nn.Module, nn.Module]:
     """``(quantize_model(model, ...), quantize_model(copy, ..., fake_quant=True))`` from one
     calibration run: the kernels' model and the algorithm's simulation of exactly the same codes."""
     linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)

@@ -70,8 +70,9 @@ W4A16_ASYM = Scheme("W4A16_ASYM", 4, 16, 128, False, "int4 weights, group 128, z
 W8A8 = Scheme("W8A8", 8, 8, -1, True, "int8 weights per-channel x int8 activations per-token (SmoothQuant)")
 W4A8 = Scheme("W4A8", 4, 8, -1, True, "int4 weights per-channel x int8 activations per-token (QQQ)")
 W4A8_G128 = Scheme("W4A8_G128", 4, 8, 128, True, "int4 weights group 128 (integer 2nd-level scale) x int8 per-token")
-W8A8_STATIC = Scheme("W8A8_STATIC", 8, 8, -1, True, "int8 weights per-channel x int8 activations with one calibrated scale per layer",
-                     static_act=True)
+W8A8_STATIC = Scheme(
+    "W8A8_STATIC", 8, 8, -1, True, "int8 weights per-channel x int8 activations with one calibrated scale per layer", static_act=True
+)
 
 # What quantize_model runs from the weights alone ...
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (W8A16, W4A16, W4A16_ASYM, W8A8, W4A8, W4A8_G128)}
@@ -85,7 +86,11 @@ def make_scheme(weight_bits: int, act_bits: int, group_size: int = -1, symmetric
     checkpoints in other formats need. Raises ``ValueError`` for a combination no op runs."""
     for preset in (*SCHEMES.values(), *CALIBRATED_SCHEMES.values()):
         if (preset.weight_bits, preset.act_bits, preset.group_size, preset.symmetric, preset.static_act) == (
-            weight_bits, act_bits, group_size, symmetric, static_act
+            weight_bits,
+            act_bits,
+            group_size,
+            symmetric,
+            static_act,
         ):
             return preset
     name = f"W{weight_bits}A{act_bits}" + ("_CH" if group_size == -1 else f"_G{group_size}")

@@ -25,8 +25,10 @@ def _interpreter_usable() -> None:
         return tuple(int(p) for p in version(name).split("+")[0].split(".")[:2] if p.isdigit())
 
     if os.environ.get("TRITON_INTERPRET") == "1" and release("triton") < (3, 7) and release("numpy") >= (2, 4):
-        raise RuntimeError(f"triton {version('triton')}'s interpreter cannot run these tests with numpy {version('numpy')} "
-                           "(triton-lang/triton#9171): install numpy<2.4, or triton>=3.7 (the Makefile installs 3.7.1)")
+        raise RuntimeError(
+            f"triton {version('triton')}'s interpreter cannot run these tests with numpy {version('numpy')} "
+            "(triton-lang/triton#9171): install numpy<2.4, or triton>=3.7 (the Makefile installs 3.7.1)"
+        )
 
 
 _interpreter_usable()

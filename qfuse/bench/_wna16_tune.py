@@ -136,8 +136,19 @@ def _append_timings(cache_file: Path, key: str, timings: list[tuple[float, dict]
             w.writerow([key, rank, f"{us:.2f}", json.dumps(cfg, sort_keys=True)])
 
 
-def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8, cache_file: Path | None = None, log=print, device: str = "cuda",
-         families: set[str] | None = None) -> dict:
+def tune(
+    shapes,
+    ms,
+    bits_list,
+    group_size,
+    dtype,
+    asym=False,
+    workers: int = 8,
+    cache_file: Path | None = None,
+    log=print,
+    device: str = "cuda",
+    families: set[str] | None = None,
+) -> dict:
     """Time every candidate per (shape, M bucket, bits); keep the fastest in the in-process
     cache (and ``cache_file``, pick_config's JSON format). Returns {key string: config}.
     The pick is the fastest config that may ship (opt-in ones are timed, logged and listed, never
@@ -189,4 +200,3 @@ def tune(shapes, ms, bits_list, group_size, dtype, asym=False, workers: int = 8,
             del copies
             torch.cuda.empty_cache()
     return best_all
-

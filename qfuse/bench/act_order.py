@@ -71,19 +71,35 @@ def main(argv: list[str] | None = None) -> int:
                 gather_us = time_graph([lambda xi=xi: xi.index_select(1, perm) for xi in xs])
                 eager_us = time_eager(lambda: permuted[0](x))
                 compiled_us = time_graph([lambda lay=lay: _compiled(x, perm, lay.qweight, lay.scales) for lay in permuted])
-            rows.append({"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "plain_us": round(plain_us, 2),
-                         "act_order_us": round(act_us, 2), "gather_us": round(gather_us, 2),
-                         "overhead_pct": round(100 * (act_us / plain_us - 1), 1), "act_order_eager_us": round(eager_us, 1),
-                         "compiled_act_order_us": round(compiled_us, 2),
-                         "compiled_overhead_pct": round(100 * (compiled_us / plain_us - 1), 1),
-                         "plain_over_act_order": round(plain_us / act_us, 3)})
+            rows.append(
+                {
+                    "shape": f"{n}x{k}",
+                    "N": n,
+                    "K": k,
+                    "M": m,
+                    "plain_us": round(plain_us, 2),
+                    "act_order_us": round(act_us, 2),
+                    "gather_us": round(gather_us, 2),
+                    "overhead_pct": round(100 * (act_us / plain_us - 1), 1),
+                    "act_order_eager_us": round(eager_us, 1),
+                    "compiled_act_order_us": round(compiled_us, 2),
+                    "compiled_overhead_pct": round(100 * (compiled_us / plain_us - 1), 1),
+                    "plain_over_act_order": round(plain_us / act_us, 3),
+                }
+            )
             print(rows[-1], flush=True)
     write_csv(rows, args.out / "act_order.csv")
     for r in rows:
         r["plain_over_compiled"] = round(r["plain_us"] / r["compiled_act_order_us"], 3)
-    plot_speedup(rows, args.out / "act_order.png", x="M", series=["plain_over_act_order", "plain_over_compiled"], panel="shape",
-                 title="W4A16 g128 bf16: act-order layer speed relative to the same layer without it",
-                 ylabel="plain_us / act_order_us")
+    plot_speedup(
+        rows,
+        args.out / "act_order.png",
+        x="M",
+        series=["plain_over_act_order", "plain_over_compiled"],
+        panel="shape",
+        title="W4A16 g128 bf16: act-order layer speed relative to the same layer without it",
+        ylabel="plain_us / act_order_us",
+    )
     print(f"wrote {args.out / 'act_order.csv'} and {args.out / 'act_order.png'}")
     return 0
 

@@ -30,8 +30,15 @@ def _model(shape: str, layers: int, device: str):
     import transformers as tf
 
     hidden, inter, heads, kv, _, vocab = SHAPES[shape]
-    cfg = tf.LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads, num_key_value_heads=kv,
-                         num_hidden_layers=layers, vocab_size=vocab, max_position_embeddings=4096)
+    cfg = tf.LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         return tf.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -82,10 +89,25 @@ def main(argv: list[str] | None = None) -> int:
             _sync(args.device)
             total = time.perf_counter() - t0
         per_layer = (total - capture) / args.layers
-        rows.append((args.shape, scheme, recipe, args.samples, args.window, args.layers, round(total, 2), round(per_layer, 2),
-                     full, round(per_layer * full / 60, 1)))
-        print(f"{args.shape} {scheme} {recipe}: {total:.1f} s for {args.layers} layers, {per_layer:.1f} s/layer -> "
-              f"{per_layer * full / 60:.1f} min for {full} layers ({args.samples} x {args.window} tokens)", flush=True)
+        rows.append(
+            (
+                args.shape,
+                scheme,
+                recipe,
+                args.samples,
+                args.window,
+                args.layers,
+                round(total, 2),
+                round(per_layer, 2),
+                full,
+                round(per_layer * full / 60, 1),
+            )
+        )
+        print(
+            f"{args.shape} {scheme} {recipe}: {total:.1f} s for {args.layers} layers, {per_layer:.1f} s/layer -> "
+            f"{per_layer * full / 60:.1f} min for {full} layers ({args.samples} x {args.window} tokens)",
+            flush=True,
+        )
         del model
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

@@ -158,8 +158,9 @@ def warm_up(device) -> None:
 def llama3_8b_config(n_layers: int):
     from qfuse.tiny_llama import TinyLlamaConfig
 
-    return TinyLlamaConfig(hidden_size=4096, intermediate_size=14336, num_layers=n_layers, num_heads=32, num_kv_heads=8,
-                           rms_norm_eps=1e-5, rope_theta=500000.0)
+    return TinyLlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_layers=n_layers, num_heads=32, num_kv_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0
+    )
 
 
 def bench(schemes, shapes, n_layers, log, on_row, config=None, device="cuda") -> list[dict]:
@@ -180,10 +181,20 @@ def bench(schemes, shapes, n_layers, log, on_row, config=None, device="cuda") ->
             res = {p: run_one(layers, inputs, passes=p) for p in order}
             (off_us, off_s, _, off_out), (on_us, on_s, fusions, on_out) = res[False], res[True]
             rel_diff = ((on_out.float() - off_out.float()).norm() / off_out.float().norm()).item()
-            row = dict(scheme=scheme, shape=shape, M=batch * tokens, passes_us=round(on_us, 1), no_passes_us=round(off_us, 1),
-                       speedup=round(off_us / on_us, 3), floor_us=round(wbytes / bw * 1e6, 1),
-                       compile_s_passes=round(on_s, 2), compile_s_no_passes=round(off_s, 2),
-                       compile_ratio=round(on_s / off_s, 3), rel_diff=f"{rel_diff:.1e}", fusions=" ".join(f"{k}={v}" for k, v in sorted(fusions.items())))
+            row = dict(
+                scheme=scheme,
+                shape=shape,
+                M=batch * tokens,
+                passes_us=round(on_us, 1),
+                no_passes_us=round(off_us, 1),
+                speedup=round(off_us / on_us, 3),
+                floor_us=round(wbytes / bw * 1e6, 1),
+                compile_s_passes=round(on_s, 2),
+                compile_s_no_passes=round(off_s, 2),
+                compile_ratio=round(on_s / off_s, 3),
+                rel_diff=f"{rel_diff:.1e}",
+                fusions=" ".join(f"{k}={v}" for k, v in sorted(fusions.items())),
+            )
             rows.append(row)
             on_row(rows)
             log(str(row))
@@ -194,12 +205,16 @@ def bench(schemes, shapes, n_layers, log, on_row, config=None, device="cuda") ->
 
 
 def markdown(rows) -> str:
-    head = ("| scheme | shape | M | passes us | no passes us | speedup | weight floor us | compile s (passes / none) "
-            "| output rel. diff | fusions per layer graph |")
+    head = (
+        "| scheme | shape | M | passes us | no passes us | speedup | weight floor us | compile s (passes / none) "
+        "| output rel. diff | fusions per layer graph |"
+    )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
-        lines.append(f"| {r['scheme']} | {r['shape']} | {r['M']} | {r['passes_us']} | {r['no_passes_us']} | {r['speedup']:.3f} | "
-                     f"{r['floor_us']} | {r['compile_s_passes']} / {r['compile_s_no_passes']} | {r['rel_diff']} | {r['fusions']} |")
+        lines.append(
+            f"| {r['scheme']} | {r['shape']} | {r['M']} | {r['passes_us']} | {r['no_passes_us']} | {r['speedup']:.3f} | "
+            f"{r['floor_us']} | {r['compile_s_passes']} / {r['compile_s_no_passes']} | {r['rel_diff']} | {r['fusions']} |"
+        )
     return "\n".join(lines)
 
 
@@ -218,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     rows = bench(args.schemes, args.shapes, args.layers, log, lambda rows: write_csv(rows, out / "decoder.csv"))
     log(markdown(rows))
-    plot_speedup(rows, out / "decoder.png", x="M", series=["speedup"], panel="scheme",
-                 title=f"{args.layers} Llama-3-8B layers: passes on vs off ({torch.cuda.get_device_name()})",
-                 ylabel="speedup from the passes")
+    plot_speedup(
+        rows,
+        out / "decoder.png",
+        x="M",
+        series=["speedup"],
+        panel="scheme",
+        title=f"{args.layers} Llama-3-8B layers: passes on vs off ({torch.cuda.get_device_name()})",
+        ylabel="speedup from the passes",
+    )
     return 0

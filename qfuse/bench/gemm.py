@@ -44,13 +44,17 @@ def _args(argv):
     p.add_argument("--asym", action="store_true", help="with zero points (default: symmetric)")
     p.add_argument("--out", default="bench_results/gemm", help="output folder for CSV / PNG / tuned JSON")
     p.add_argument("--tune", action="store_true", help="measure every candidate config first (slow)")
-    p.add_argument("--tune-families", nargs="+", default=None, metavar="KERNEL",
-                   help="with --tune: time only these kernel families (e.g. tiled_words) and the shipped pick of each key")
+    p.add_argument(
+        "--tune-families",
+        nargs="+",
+        default=None,
+        metavar="KERNEL",
+        help="with --tune: time only these kernel families (e.g. tiled_words) and the shipped pick of each key",
+    )
     p.add_argument("--tune-workers", type=int, default=12, help="processes compiling candidates in parallel")
     p.add_argument("--precompile-only", action="store_true", help="only compile the --tune candidates (parallel), then exit")
     p.add_argument("--no-gemlite", action="store_true")
-    p.add_argument("--gemlite-autotune", default="fast", choices=["default", "fast", "max"],
-                   help="gemlite's autotune level (its own default: fast)")
+    p.add_argument("--gemlite-autotune", default="fast", choices=["default", "fast", "max"], help="gemlite's autotune level (its own default: fast)")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
     return p.parse_args(argv)
 
@@ -114,7 +118,9 @@ def main(argv=None) -> int:
         tune(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, out_dir / "wna16_gemm.tuned.json", log, families=_families(args))
     gl_version = None if args.no_gemlite else _setup_gemlite(log, args.gemlite_autotune)
     bw = hbm_bandwidth()
-    log(f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version} (autotune {args.gemlite_autotune})")
+    log(
+        f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version} (autotune {args.gemlite_autotune})"
+    )
 
     rows = []
     for n, k in shapes:
@@ -148,7 +154,9 @@ def main(argv=None) -> int:
                     try:
                         if m == args.m[0]:
                             g_out = gl[0](x)
-                            row["gemlite_rel_err"] = round(((g_out.float() - ref.float()).abs().max() / ref.float().abs().max()).item(), 6) if z is None else ""
+                            row["gemlite_rel_err"] = (
+                                round(((g_out.float() - ref.float()).abs().max() / ref.float().abs().max()).item(), 6) if z is None else ""
+                            )
                         row["gemlite_us"] = time_graph([lambda g=g: g(x) for g in gl])
                     except Exception as e:
                         log(f"gemlite failed at M={m}: {type(e).__name__}: {e}")

@@ -70,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     for n, k in (tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes):
         wb = [torch.randn(n, k, device="cuda").bfloat16() for _ in range(copies_for(n * k * 2))]
         for bits in args.bits:
-            cfgs = [c for c in candidate_configs(1, n, k, bits, group, dtype=torch.bfloat16)
-                    if c["kernel"] == "gemv_words" and (args.experimental or not is_experimental(c, bits))]
+            cfgs = [
+                c
+                for c in candidate_configs(1, n, k, bits, group, dtype=torch.bfloat16)
+                if c["kernel"] == "gemv_words" and (args.experimental or not is_experimental(c, bits))
+            ]
             nbytes = n * k * bits // 8 + n * (1 if group == -1 else k // group) * 2
             ws = _weights(n, k, bits, copies_for(nbytes), group)
             tg = _tinygemm(ws, n, k) if bits == 4 and group == GROUP else None
@@ -93,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
                 if tg is not None:
                     r["tinygemm"] = time_graph([lambda t=t: torch._weight_int4pack_mm(x, t[0], GROUP, t[1]) for t in tg])
                 for c in cfgs:
-                    label = f"words_bn{c['BLOCK_N']}_bw{c['BLOCK_W']}_sk{c['SPLIT_K']}_w{c['num_warps']}" + \
-                            (f"_h{c['HFMA2']}" if "HFMA2" in c else "") + \
-                            (f"_r{c['MAXNREG']}" if "MAXNREG" in c else "")
+                    label = (
+                        f"words_bn{c['BLOCK_N']}_bw{c['BLOCK_W']}_sk{c['SPLIT_K']}_w{c['num_warps']}"
+                        + (f"_h{c['HFMA2']}" if "HFMA2" in c else "")
+                        + (f"_r{c['MAXNREG']}" if "MAXNREG" in c else "")
+                    )
                     r[label] = time_graph([lambda w=w, c=c: wna16_gemv_words(x, w[0], w[1], None, None, bits, group, c) for w in ws])
                 words = {kk: v for kk, v in r.items() if kk.startswith("words")}
                 best = min(words, key=words.get)
@@ -107,9 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                         r[f"best_{form}"] = min(times)
                 rows.append(r)
                 tiny = f"{r['tinygemm']:.1f}" if "tinygemm" in r else "-"
-                print(f"{n}x{k} W{bits} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
-                      f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
-                      f"x_bf16 {r['bf16'] / r['words_best']:.2f}  " + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "hfma2") if f"best_{f}" in r), flush=True)
+                print(
+                    f"{n}x{k} W{bits} M={m}: bf16 {r['bf16']:.1f}  baseline({r.get('baseline_cfg')}) {r.get('baseline', 0):.1f}  "
+                    f"tinygemm {tiny}  words {r['words_best']:.1f} [{best}]  floor {r['floor']:.1f}  "
+                    f"x_bf16 {r['bf16'] / r['words_best']:.2f}  "
+                    + "  ".join(f"{f} {r[f'best_{f}']:.1f}" for f in ("f32", "hfma2") if f"best_{f}" in r),
+                    flush=True,
+                )
             del ws, tg
     write_csv(rows, args.out / ("gemv_words.csv" if group == GROUP else f"gemv_words_g{group}.csv"))
     return 0

@@ -132,13 +132,27 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
         # (not opt-in: is_experimental) is the reported figure and the config shipped in
         # ops/tuned/ for this (M bucket, N, K); an opt-in family shows in its own column
         ours = {
-            "w8a8": ("w8a8_gemm", (n, k), -1, lambda: w8a8_gemm_ref(xq, xs, wq[0], ws, None, dt),
-                     lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=False, config=c) for w in wq]),
-            "w4a8_pc": ("w4a8_gemm", (n, k, -1), -1, lambda: w4a8_gemm_ref(xq, xs, qw[0], ws, None, None, -1, dt),
-                        lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=True, config=c) for w in qw]),
-            "w4a8_g128": ("w4a8_gemm", (n, k, 128), 128, lambda: w4a8_gemm_ref(xq, xs, qw[0], ws, gs[0], None, 128, dt),
-                          lambda c: [lambda w=w, g=g: run_int8_gemm(xq, xs, w, ws, g, None, dt, w4=True, config=c)
-                                     for w, g in zip(qw, gs)]),
+            "w8a8": (
+                "w8a8_gemm",
+                (n, k),
+                -1,
+                lambda: w8a8_gemm_ref(xq, xs, wq[0], ws, None, dt),
+                lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=False, config=c) for w in wq],
+            ),
+            "w4a8_pc": (
+                "w4a8_gemm",
+                (n, k, -1),
+                -1,
+                lambda: w4a8_gemm_ref(xq, xs, qw[0], ws, None, None, -1, dt),
+                lambda c: [lambda w=w: run_int8_gemm(xq, xs, w, ws, None, None, dt, w4=True, config=c) for w in qw],
+            ),
+            "w4a8_g128": (
+                "w4a8_gemm",
+                (n, k, 128),
+                128,
+                lambda: w4a8_gemm_ref(xq, xs, qw[0], ws, gs[0], None, 128, dt),
+                lambda c: [lambda w=w, g=g: run_int8_gemm(xq, xs, w, ws, g, None, dt, w4=True, config=c) for w, g in zip(qw, gs)],
+            ),
         }
         expected = None
         for name, (op, key, group, reference, make) in ours.items():
@@ -210,8 +224,7 @@ def config_family(cfg: dict) -> str:
 
 def config_label(cfg: dict) -> str:
     if cfg.get("kernel") in ("gemv", "gemv8"):
-        return "{kernel}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + (
-            "/pf" if cfg.get("PREFETCH") else "")
+        return "{kernel}/m{BLOCK_M}/{BLOCK_N}x{BLOCK_W}x4w/s{SPLIT_K}/w{num_warps}".format(**cfg) + ("/pf" if cfg.get("PREFETCH") else "")
     split = f"streamk{cfg['STREAM']}" if cfg.get("STREAM") else f"s{cfg.get('SPLIT_K', 1)}"
     label = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg.get('BLOCK_K', 128)}/{split}/w{cfg['num_warps']}/st{cfg['num_stages']}"
     if cfg.get("PERSISTENT"):
@@ -221,19 +234,42 @@ def config_label(cfg: dict) -> str:
 
 
 def markdown_table(rows) -> str:
-    cols = [("shape", "N x K"), ("M", "M"), ("bf16_us", "bf16 us"), ("int_mm_us", "_int_mm+epi us"),
-            ("w8a8_us", "w8a8 us"), ("w8a8_x_bf16", "w8a8 x bf16"), ("w8a8_x_int_mm", "w8a8 x _int_mm"),
-            ("w4a8_pc_us", "w4a8 pc us"), ("w4a8_pc_x_bf16", "w4a8 pc x bf16"), ("w4a8_g128_us", "w4a8 g128 us"),
-            ("w4a8_g128_x_bf16", "w4a8 g128 x bf16"), ("g128_over_pc", "g128/pc"),
-            ("w8a8_gemv8_us", "w8a8 gemv us"), ("w8a8_cfg", "w8a8 cfg"),
-            ("w4a8_pc_asm_us", "pc asm us"), ("w4a8_g128_asm_us", "g128 asm us"),
-            ("w4a8_pc_gemv_us", "pc gemv us"), ("w4a8_g128_gemv_us", "g128 gemv us"), ("w4a8_g128_gsp_us", "g128 gsp us"),
-            ("w4a8_pc_mma_words_us", "pc mma_words us"), ("w4a8_g128_mma_words_us", "g128 mma_words us"),
-            ("w8a8_tma_us", "w8a8 tma us"), ("w4a8_pc_w8_us", "pc w8 us"), ("w4a8_pc_w8_tma_us", "pc w8 tma us"),
-            ("w4a8_pc_tma_us", "pc tma us"), ("w4a8_g128_tma_us", "g128 tma us"),
-            ("w4a8_g128_w8_us", "g128 w8 us"),
-            ("w4a8_pc_cfg", "pc cfg"), ("w4a8_g128_cfg", "g128 cfg"), ("gemlite_a8w8_us", "gemlite a8w8 us"), ("gemlite_a8w4_us", "gemlite a8w4 us"),
-            ("floor_w8a8_us", "floor w8a8 us"), ("floor_w4a8_us", "floor w4a8 us"), ("w8a8_eager_us", "w8a8 eager us")]
+    cols = [
+        ("shape", "N x K"),
+        ("M", "M"),
+        ("bf16_us", "bf16 us"),
+        ("int_mm_us", "_int_mm+epi us"),
+        ("w8a8_us", "w8a8 us"),
+        ("w8a8_x_bf16", "w8a8 x bf16"),
+        ("w8a8_x_int_mm", "w8a8 x _int_mm"),
+        ("w4a8_pc_us", "w4a8 pc us"),
+        ("w4a8_pc_x_bf16", "w4a8 pc x bf16"),
+        ("w4a8_g128_us", "w4a8 g128 us"),
+        ("w4a8_g128_x_bf16", "w4a8 g128 x bf16"),
+        ("g128_over_pc", "g128/pc"),
+        ("w8a8_gemv8_us", "w8a8 gemv us"),
+        ("w8a8_cfg", "w8a8 cfg"),
+        ("w4a8_pc_asm_us", "pc asm us"),
+        ("w4a8_g128_asm_us", "g128 asm us"),
+        ("w4a8_pc_gemv_us", "pc gemv us"),
+        ("w4a8_g128_gemv_us", "g128 gemv us"),
+        ("w4a8_g128_gsp_us", "g128 gsp us"),
+        ("w4a8_pc_mma_words_us", "pc mma_words us"),
+        ("w4a8_g128_mma_words_us", "g128 mma_words us"),
+        ("w8a8_tma_us", "w8a8 tma us"),
+        ("w4a8_pc_w8_us", "pc w8 us"),
+        ("w4a8_pc_w8_tma_us", "pc w8 tma us"),
+        ("w4a8_pc_tma_us", "pc tma us"),
+        ("w4a8_g128_tma_us", "g128 tma us"),
+        ("w4a8_g128_w8_us", "g128 w8 us"),
+        ("w4a8_pc_cfg", "pc cfg"),
+        ("w4a8_g128_cfg", "g128 cfg"),
+        ("gemlite_a8w8_us", "gemlite a8w8 us"),
+        ("gemlite_a8w4_us", "gemlite a8w4 us"),
+        ("floor_w8a8_us", "floor w8a8 us"),
+        ("floor_w4a8_us", "floor w4a8 us"),
+        ("w8a8_eager_us", "w8a8 eager us"),
+    ]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c, _ in cols) + " |")
@@ -249,8 +285,13 @@ def main(argv=None) -> int:
     p.add_argument("--gemlite-budget-s", type=float, default=40.0, help="stop adding gemlite points after this long")
     p.add_argument("--ops", nargs="+", choices=OURS, default=list(OURS), help="which qfuse kernels to time")
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call column")
-    p.add_argument("--families", nargs="+", choices=FAMILIES, default=None,
-                   help="kernel families to time (default: all; see config_family); W8A8's tile kernel is always timed")
+    p.add_argument(
+        "--families",
+        nargs="+",
+        choices=FAMILIES,
+        default=None,
+        help="kernel families to time (default: all; see config_family); W8A8's tile kernel is always timed",
+    )
     args = p.parse_args(argv)
     require_cuda("int8_gemm")
     import triton
@@ -267,15 +308,25 @@ def main(argv=None) -> int:
     for shape in args.shapes:
         n, k = (int(v) for v in shape.lower().split("x"))
         log(f"{n}x{k}")
-        rows += bench_shape(n, k, args.m, bw, set(args.gemlite_m), budget, log, tuned, eager=not args.no_eager, our_ops=set(args.ops),
-                            families=set(args.families) if args.families else None)
+        rows += bench_shape(
+            n,
+            k,
+            args.m,
+            bw,
+            set(args.gemlite_m),
+            budget,
+            log,
+            tuned,
+            eager=not args.no_eager,
+            our_ops=set(args.ops),
+            families=set(args.families) if args.families else None,
+        )
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "autotune.json").write_text(json.dumps(tuned, indent=1, sort_keys=True))
     write_csv(rows, args.out / "int8_gemm.csv")
     series = ["w8a8_x_bf16", "w4a8_pc_x_bf16", "w4a8_g128_x_bf16", "int_mm_x_bf16", "gemlite_a8w8_x_bf16", "gemlite_a8w4_x_bf16"]
-    plot_speedup(rows, args.out / "int8_gemm.png", x="M", series=series, panel="shape",
-                 title=f"int8-activation GEMMs vs bf16 torch.matmul ({gpu})")
+    plot_speedup(rows, args.out / "int8_gemm.png", x="M", series=series, panel="shape", title=f"int8-activation GEMMs vs bf16 torch.matmul ({gpu})")
     table = markdown_table(rows)
     head = f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; HBM bandwidth {bw / 1e12:.2f} TB/s\n\n"
     (args.out / "int8_gemm.md").write_text(head + table + "\n")

@@ -34,22 +34,57 @@ import tempfile
 
 def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg: dict):
     """``(jit function, signature, constexprs, weight bytes per loop iteration)`` of a config."""
-    ptrs = {"x_ptr": f"*{dtype}", "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
-            "ws_ptr": "*fp32", "count_ptr": "*i32"}
+    ptrs = {
+        "x_ptr": f"*{dtype}",
+        "s_ptr": f"*{dtype}",
+        "z_ptr": "*u8",
+        "bias_ptr": f"*{dtype}",
+        "out_ptr": f"*{dtype}",
+        "ws_ptr": "*fp32",
+        "count_ptr": "*i32",
+    }
     if kernel == "gemv_words":
         from qfuse.ops.wna16_gemv_words import _wna16_gemv_words_kernel as fn
 
-        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
-               "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32", "MAGIC_BITS": "i32", "CODE_MASK": "i32"}
-        consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"],
-                      VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("HFMA2")) and cfg["BLOCK_W"] % 4 == 0 else 1), HFMA2=int(cfg.get("HFMA2", 0)),
-                      ASM=True)
+        sig = {
+            "x_ptr": ptrs["x_ptr"],
+            "qw_ptr": "*i32",
+            **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+            "M": "i32",
+            "N": "i32",
+            "KW": "i32",
+            "G": "i32",
+            "W_PER_SPLIT": "i32",
+            "SPLIT_K": "i32",
+            "MAGIC_BITS": "i32",
+            "CODE_MASK": "i32",
+        }
+        consts = dict(
+            BITS=bits,
+            GROUP=group,
+            HAS_ZEROS=zeros,
+            HAS_BIAS=False,
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_W=cfg["BLOCK_W"],
+            VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("HFMA2")) and cfg["BLOCK_W"] % 4 == 0 else 1),
+            HFMA2=int(cfg.get("HFMA2", 0)),
+            ASM=True,
+        )
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
     if kernel == "mma_gemv":
         from qfuse.ops.w4a16_mma_gemv import _w4a16_mma_gemv_kernel as fn
 
-        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
-               "M": "i32", "N": "i32", "KW": "i32", "G": "i32", "W_PER_SPLIT": "i32", "SPLIT_K": "i32"}
+        sig = {
+            "x_ptr": ptrs["x_ptr"],
+            "qw_ptr": "*i32",
+            **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+            "M": "i32",
+            "N": "i32",
+            "KW": "i32",
+            "G": "i32",
+            "W_PER_SPLIT": "i32",
+            "SPLIT_K": "i32",
+        }
         nw = cfg.get("num_warps", 4)
         consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, ROW_TILES=cfg.get("ROW_TILES", 1), STEPS=cfg.get("STEPS", 1), NW=nw, ASM=True)
         return fn, sig, consts, 16 * cfg.get("ROW_TILES", 1) * nw * 64 * cfg.get("STEPS", 1)  # STEPS 128-code steps of each row
@@ -57,65 +92,186 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel as fn
 
         halves = cfg.get("PLANES", 2) == 4
-        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i16" if halves else "*u8", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
-               "M": "i32", "N": "i32", "K": "i32", "KB": "i32", "G": "i32", "stride_xm": "i32", "K_PER_SPLIT": "i32"}
-        consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), EVEN_K=True,
-                      BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=8,
-                      SWAP_AB=bool(cfg.get("SWAP_AB", False)) or bool(cfg.get("JOIN", False)), HALVES=halves,
-                      JOIN=bool(cfg.get("JOIN", False)), ASM=True, DOT_F32=False)
+        sig = {
+            "x_ptr": ptrs["x_ptr"],
+            "qw_ptr": "*i16" if halves else "*u8",
+            **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+            "M": "i32",
+            "N": "i32",
+            "K": "i32",
+            "KB": "i32",
+            "G": "i32",
+            "stride_xm": "i32",
+            "K_PER_SPLIT": "i32",
+        }
+        consts = dict(
+            GROUP=group,
+            HAS_ZEROS=zeros,
+            HAS_BIAS=False,
+            SPLIT_K=cfg.get("SPLIT_K", 1),
+            EVEN_K=True,
+            BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_K=cfg["BLOCK_K"],
+            GROUP_M=8,
+            SWAP_AB=bool(cfg.get("SWAP_AB", False)) or bool(cfg.get("JOIN", False)),
+            HALVES=halves,
+            JOIN=bool(cfg.get("JOIN", False)),
+            ASM=True,
+            DOT_F32=False,
+        )
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_K"] // 2
     if kernel == "mma_words":
         from qfuse.ops.w4a16_mma_words import _w4a16_mma_words_kernel as fn
 
-        sig = {"x_ptr": ptrs["x_ptr"], "qw_ptr": "*i32", **{k: v for k, v in ptrs.items() if k != "x_ptr"},
-               "M": "i32", "N": "i32", "K": "i32", "KW": "i32", "G": "i32", "stride_xm": "i32", "W_PER_SPLIT": "i32"}
-        consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=cfg.get("SPLIT_K", 1), SCALE_W=bool(cfg.get("SCALE_W", False)),
-                      BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GROUP_M=8, ASM=True, DOT_F32=False)
+        sig = {
+            "x_ptr": ptrs["x_ptr"],
+            "qw_ptr": "*i32",
+            **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+            "M": "i32",
+            "N": "i32",
+            "K": "i32",
+            "KW": "i32",
+            "G": "i32",
+            "stride_xm": "i32",
+            "W_PER_SPLIT": "i32",
+        }
+        consts = dict(
+            GROUP=group,
+            HAS_ZEROS=zeros,
+            HAS_BIAS=False,
+            SPLIT_K=cfg.get("SPLIT_K", 1),
+            SCALE_W=bool(cfg.get("SCALE_W", False)),
+            BYTE_PAIRS=bool(cfg.get("BYTE_PAIRS", False)),
+            BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"],
+            GROUP_M=8,
+            ASM=True,
+            DOT_F32=False,
+        )
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     if kernel == "tiled_tma":
         from qfuse.ops.wna16_tma import _wna16_tma_kernel as fn
 
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"] if group == -1 else min(cfg["BLOCK_K"], group)
         tail = cfg.get("TAIL_SPLIT", 0)  # TAIL_SPLIT: the tail launch (the whole waves run the config without it)
-        consts = dict(BITS=bits, GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, SPLIT_K=tail if tail > 1 else cfg.get("SPLIT_K", 1), BLOCK_M=bm,
-                      BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, ASM=True, DOT_F32=False, TAIL_SPLIT=tail, WORDS=bool(cfg.get("WORDS", False)))
+        consts = dict(
+            BITS=bits,
+            GROUP=group,
+            HAS_ZEROS=zeros,
+            HAS_BIAS=False,
+            SPLIT_K=tail if tail > 1 else cfg.get("SPLIT_K", 1),
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=8,
+            ASM=True,
+            DOT_F32=False,
+            TAIL_SPLIT=tail,
+            WORDS=bool(cfg.get("WORDS", False)),
+        )
         # the kernel's parameters in order (FULL_TILES comes after the constexprs); 8-bit codes as int16 pairs, WORDS as int32 words
         w_block = f"i32[{bn}, {bk // 8}]" if consts["WORDS"] else f"{'u8' if bits == 4 else 'i16'}[{bn}, {bk // 2}]"
-        args = {"x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_desc": f"tensordesc<{w_block}>",
-                "s_ptr": f"*{dtype}", "z_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ws_ptr": "*fp32", "count_ptr": "*i32",
-                "M": "i32", "N": "i32", "K": "i32", "G": "i32", "K_PER_SPLIT": "i32", "FULL_TILES": "i32"}
+        args = {
+            "x_desc": f"tensordesc<{dtype}[{bm}, {bk}]>",
+            "w_desc": f"tensordesc<{w_block}>",
+            "s_ptr": f"*{dtype}",
+            "z_ptr": "*u8",
+            "bias_ptr": f"*{dtype}",
+            "out_ptr": f"*{dtype}",
+            "ws_ptr": "*fp32",
+            "count_ptr": "*i32",
+            "M": "i32",
+            "N": "i32",
+            "K": "i32",
+            "G": "i32",
+            "K_PER_SPLIT": "i32",
+            "FULL_TILES": "i32",
+        }
         sig = {q.name: args.get(q.name, "constexpr") for q in fn.params}
         return fn, sig, consts, bn * bk * bits // 8
     int8 = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32"}
     if kernel == "w4a8_gemv":
         from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel as fn
 
-        sig = {**int8, "gs_ptr": "*i8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32",
-               "M": "i32", "N": "i32", "KW4": "i32", "W_PER_SPLIT": "i32", "G": "i32"}
+        sig = {
+            **int8,
+            "gs_ptr": "*i8",
+            "bias_ptr": f"*{dtype}",
+            "out_ptr": f"*{dtype}",
+            "acc_ws_ptr": "*i32",
+            "count_ptr": "*i32",
+            "M": "i32",
+            "N": "i32",
+            "KW4": "i32",
+            "W_PER_SPLIT": "i32",
+            "G": "i32",
+        }
         consts = dict(GROUPED=group == 128)
     elif kernel == "w4a8_mma_words":
         from qfuse.ops.w4a8_mma_words import _w4a8_mma_words_kernel, _w4a8_mma_words_stream_kernel
 
         stream = bool(cfg.get("STREAM"))
         fn = _w4a8_mma_words_stream_kernel if stream else _w4a8_mma_words_kernel
-        sig = {"x_ptr": "*i8", "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp32", "gs_ptr": "*i8", "bias_ptr": f"*{dtype}",
-               "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32",
-               "G": "i32", **({"KT": "i32", "UNITS": "i32"} if stream else {"B_PER_SPLIT": "i32"})}
-        consts = dict(GROUPED=group == 128, X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"],
-                      BLOCK_N=cfg["BLOCK_N"], GROUP_N=8, GS_FOLD=bool(cfg.get("GS_FOLD", 0)), ASM=True)
+        sig = {
+            "x_ptr": "*i8",
+            "xs_ptr": "*fp32",
+            "w_ptr": "*u8",
+            "ws_ptr": "*fp32",
+            "gs_ptr": "*i8",
+            "bias_ptr": f"*{dtype}",
+            "out_ptr": f"*{dtype}",
+            "acc_ws_ptr": "*i32",
+            "count_ptr": "*i32",
+            "M": "i32",
+            "N": "i32",
+            "K": "i32",
+            "KB": "i32",
+            "G": "i32",
+            **({"KT": "i32", "UNITS": "i32"} if stream else {"B_PER_SPLIT": "i32"}),
+        }
+        consts = dict(
+            GROUPED=group == 128,
+            X_PER_TOKEN=True,
+            W_PER_CHANNEL=True,
+            HAS_BIAS=False,
+            BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"],
+            GROUP_N=8,
+            GS_FOLD=bool(cfg.get("GS_FOLD", 0)),
+            ASM=True,
+        )
         if not stream:
             consts["SPLIT"] = cfg.get("SPLIT_K", 1) > 1
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     elif kernel == "w8a8_gemv":
         from qfuse.ops.w8a8_gemv import _w8a8_gemv_kernel as fn
 
-        sig = {**int8, "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "acc_ws_ptr": "*i32", "count_ptr": "*i32",
-               "M": "i32", "N": "i32", "KW4": "i32", "W_PER_SPLIT": "i32"}
+        sig = {
+            **int8,
+            "bias_ptr": f"*{dtype}",
+            "out_ptr": f"*{dtype}",
+            "acc_ws_ptr": "*i32",
+            "count_ptr": "*i32",
+            "M": "i32",
+            "N": "i32",
+            "KW4": "i32",
+            "W_PER_SPLIT": "i32",
+        }
         consts = {}
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
-    consts.update(X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False, BLOCK_M=cfg.get("BLOCK_M", 1), BLOCK_N=cfg["BLOCK_N"],
-                  BLOCK_W=cfg["BLOCK_W"], SPLIT=cfg.get("SPLIT_K", 1) > 1, DP4A_ASM=True, PREFETCH=bool(cfg.get("PREFETCH", 0)))
+    consts.update(
+        X_PER_TOKEN=True,
+        W_PER_CHANNEL=True,
+        HAS_BIAS=False,
+        BLOCK_M=cfg.get("BLOCK_M", 1),
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_W=cfg["BLOCK_W"],
+        SPLIT=cfg.get("SPLIT_K", 1) > 1,
+        DP4A_ASM=True,
+        PREFETCH=bool(cfg.get("PREFETCH", 0)),
+    )
     return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 16  # 4 words of 4 bytes per column
 
 
@@ -130,8 +286,9 @@ def compile_sass(fn, sig: dict, consts: dict, cfg: dict) -> tuple[str, str]:
 
     unaligned = {"M", "SPLIT_K", "CODE_MASK", "MASK", "UNITS", "FULL_TILES"} | {q.name for q in fn.params if q.do_not_specialize}
     aligned = [i for i, name in enumerate(sig) if name not in unaligned and not sig[name].startswith(("constexpr", "tensordesc"))]
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    src = ASTSource(
+        fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in aligned}
+    )
     # num_stages changes the code: the word GEMV at 3 stages stages its loads through shared
     # memory, at its launch's 2 it does not
     options = {"num_warps": cfg.get("num_warps", 4), **launch_options(fn), **{k: cfg[k] for k in ("num_stages",) if k in cfg}}
@@ -162,7 +319,7 @@ def _backward_regions(sass: str) -> list[list[str]]:
     for i, line in enumerate(lines):
         m = re.search(r"BRA\s+`?\(?\.L_x_(\d+)", line)
         if m and m.group(1) in labels and labels[m.group(1)] < i:
-            regions.append([line for line in lines[labels[m.group(1)]:i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)])
+            regions.append([line for line in lines[labels[m.group(1)] : i + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)])
     return regions
 
 
@@ -180,8 +337,27 @@ def wgmma_loop(sass: str) -> list[str]:
 _WGMMA = ("HGMMA", "IGMMA", "QGMMA")  # wgmma on 16-bit floats, int8, fp8
 # instructions that write no general register (stores, barriers, branches, async copies, wgmmas: their
 # accumulators are tracked apart, ...)
-_NO_REGISTER_DEST = ("ST", "RED", "BAR", "BRA", "SYNCS", "WARPGROUP", "EXIT", "UTMA", "NOP", "MEMBAR", "FENCE", "CCTL", "WARPSYNC",
-                     "BSSY", "BSYNC", "RET", "CALL", "ERRBAR", "DEPBAR") + _WGMMA
+_NO_REGISTER_DEST = (
+    "ST",
+    "RED",
+    "BAR",
+    "BRA",
+    "SYNCS",
+    "WARPGROUP",
+    "EXIT",
+    "UTMA",
+    "NOP",
+    "MEMBAR",
+    "FENCE",
+    "CCTL",
+    "WARPSYNC",
+    "BSSY",
+    "BSYNC",
+    "RET",
+    "CALL",
+    "ERRBAR",
+    "DEPBAR",
+) + _WGMMA
 
 
 def _registers(operand: str, width: int) -> set[int]:
@@ -215,7 +391,7 @@ def wgmma_pipeline(loop: list[str]) -> tuple[list[int], list[str]]:
                 pending.append((acc | _registers(operands[1], 4), line.strip()))
             elif mnem.startswith("WARPGROUP.DEPBAR"):
                 keep = int(operands[-1], 0)
-                pending = pending[len(pending) - keep:] if keep else []
+                pending = pending[len(pending) - keep :] if keep else []
                 if rep == 0:
                     waits.append(keep)
             elif rep > 0 and not mnem.startswith(_NO_REGISTER_DEST):
@@ -242,11 +418,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--config", default="{}", help="JSON kernel config (BLOCK_N, BLOCK_W / BLOCK_K, num_warps, ...)")
     args = p.parse_args(argv)
-    defaults = {"gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16}, "mma_gemv": {"ROW_TILES": 1, "num_warps": 4}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
-                "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
-                "tiled_tma": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-                "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
-                "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4}, "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4}}
+    defaults = {
+        "gemv_words": {"BLOCK_N": 128, "BLOCK_W": 16},
+        "mma_gemv": {"ROW_TILES": 1, "num_warps": 4},
+        "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+        "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
+        "tiled_tma": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
+        "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
+        "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
+    }
     try:
         if args.kernel not in defaults:
             raise ValueError(f"unknown kernel {args.kernel!r}; choose from {', '.join(defaults)}")
@@ -271,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     stack = re.search(r"STACK:(\d+)", usage)
     loop = hot_loop(sass)
     ops = collections.Counter(opcode(line) for line in loop)
-    print(f"{args.kernel} {args.bits}-bit group {args.group}{' zeros' if args.zeros else ''} {args.dtype} {cfg}  (triton {triton.__version__}, sm_90)")
+    print(
+        f"{args.kernel} {args.bits}-bit group {args.group}{' zeros' if args.zeros else ''} {args.dtype} {cfg}  (triton {triton.__version__}, sm_90)"
+    )
     print(f"registers {regs.group(1) if regs else '?'}  stack {stack.group(1) if stack else '?'} B  loop {len(loop)} instructions")
     print(f"instructions per weight byte {len(loop) * warps * 32 / loop_bytes:.2f}")
     print("opcodes: " + ", ".join(f"{k} {v}" for k, v in ops.most_common(10)))

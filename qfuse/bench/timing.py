@@ -82,7 +82,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
-def plot_speedup(rows: list[dict], path: Path, *, x: str, series: Sequence[str], panel: str, title: str, ylabel: str = "speedup over bf16 torch.matmul") -> None:
+def plot_speedup(
+    rows: list[dict], path: Path, *, x: str, series: Sequence[str], panel: str, title: str, ylabel: str = "speedup over bf16 torch.matmul"
+) -> None:
     """One panel per value of ``panel`` (e.g. the N x K shape), one line per column in ``series``, log-x."""
     import matplotlib
 
@@ -105,7 +107,7 @@ def plot_speedup(rows: list[dict], path: Path, *, x: str, series: Sequence[str],
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(title)

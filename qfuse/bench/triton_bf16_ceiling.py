@@ -53,8 +53,14 @@ def _bf16_mm(x_src, w_src, o_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, B
 
 
 # (TMA, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP): the tiles BENCHMARKS.md times
-TILES = [(False, 256, 128, 64, 8, 3, False), (False, 256, 128, 64, 8, 3, True),
-         (True, 128, 256, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, False), (True, 256, 128, 64, 8, 3, True), (True, 128, 128, 64, 4, 4, False)]
+TILES = [
+    (False, 256, 128, 64, 8, 3, False),
+    (False, 256, 128, 64, 8, 3, True),
+    (True, 128, 256, 64, 8, 3, False),
+    (True, 256, 128, 64, 8, 3, False),
+    (True, 256, 128, 64, 8, 3, True),
+    (True, 128, 128, 64, 4, 4, False),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                 run(w_srcs[0])
                 torch.cuda.synchronize()
                 err = (o.float() - (x @ ws[0].t()).float()).abs().max().item()
-                row[f"{label}/w{warps}/s{stages}{'/swap' if swap else ''}"] = (round(time_graph([lambda w=w: run(w) for w in w_srcs]), 1), round(err, 2))
+                row[f"{label}/w{warps}/s{stages}{'/swap' if swap else ''}"] = (
+                    round(time_graph([lambda w=w: run(w) for w in w_srcs]), 1),
+                    round(err, 2),
+                )
             except Exception as e:
                 row[label] = type(e).__name__ + (str(e)[:80] if tma else "")
         print(row, flush=True)

@@ -10,5 +10,16 @@ from .gptq import GPTQ
 from .recipe import parse_recipe, recipe_name
 from .smoothquant import SmoothMapping, SmoothQuant, smooth_model, smoothquant_mappings
 
-__all__ = ["AWQ", "GPTQ", "SmoothMapping", "SmoothQuant", "calibration_batches", "calibration_text", "FakeQuantLinear", "parse_recipe", "recipe_name",
-           "smooth_model", "smoothquant_mappings"]
+__all__ = [
+    "AWQ",
+    "GPTQ",
+    "SmoothMapping",
+    "SmoothQuant",
+    "calibration_batches",
+    "calibration_text",
+    "FakeQuantLinear",
+    "parse_recipe",
+    "recipe_name",
+    "smooth_model",
+    "smoothquant_mappings",
+]

@@ -33,8 +33,17 @@ class FakeQuantLinear(nn.Module):
     quantization of ``scheme`` (``input_scale`` [1] for a static one). ``dtype``: the model's
     dtype, to which a weight-only kernel rounds ``w_hat`` (its tensor-core operand)."""
 
-    def __init__(self, scheme: Scheme, w_hat: Tensor, bias: Tensor | None, dtype: torch.dtype, input_scale: Tensor | None = None,
-                 w_int: Tensor | None = None, w_scale: Tensor | None = None, perm: Tensor | None = None):
+    def __init__(
+        self,
+        scheme: Scheme,
+        w_hat: Tensor,
+        bias: Tensor | None,
+        dtype: torch.dtype,
+        input_scale: Tensor | None = None,
+        w_int: Tensor | None = None,
+        w_scale: Tensor | None = None,
+        perm: Tensor | None = None,
+    ):
         super().__init__()
         self.scheme = scheme
         self.in_features, self.out_features = w_hat.shape[1], w_hat.shape[0]
@@ -73,8 +82,9 @@ class FakeQuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}, fake-quant"
 
 
-def fake_quant_linear(scheme: Scheme, grid: WeightGrid, q: QuantizedWeight, bias: Tensor | None, dtype: torch.dtype,
-                      input_scale: Tensor | None = None) -> FakeQuantLinear:
+def fake_quant_linear(
+    scheme: Scheme, grid: WeightGrid, q: QuantizedWeight, bias: Tensor | None, dtype: torch.dtype, input_scale: Tensor | None = None
+) -> FakeQuantLinear:
     """The :class:`FakeQuantLinear` of the codes and scales ``q`` chosen under ``grid``."""
     w_int, w_scale = (None, None) if scheme.weight_only else integer_weight(q, stored_order=True)
     w_stored = grid.dequantize(q.codes, q.groups)

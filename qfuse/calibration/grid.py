@@ -130,8 +130,7 @@ class WeightGrid:
                 continue
             better = err < best_err
             best_err = torch.where(better, err, best_err)
-            best = GroupParams(torch.where(better, p.scale, best.scale),
-                               None if p.zero is None else torch.where(better, p.zero, best.zero))
+            best = GroupParams(torch.where(better, p.scale, best.scale), None if p.zero is None else torch.where(better, p.zero, best.zero))
         return best
 
     def _fit(self, wg: Tensor, shrink: float) -> GroupParams:

@@ -63,8 +63,10 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The model's decoder layers: the largest ``nn.ModuleList`` named ``layers``."""
     found = [(n, m) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] == "layers" and isinstance(m, nn.ModuleList) and len(m)]
     if not found:
-        raise ValueError(f"calibration runs decoder layer by decoder layer and found no `layers` nn.ModuleList in "
-                         f"{type(model).__name__} (a Hugging Face Llama / Qwen2 / Mistral decoder is expected)")
+        raise ValueError(
+            f"calibration runs decoder layer by decoder layer and found no `layers` nn.ModuleList in "
+            f"{type(model).__name__} (a Hugging Face Llama / Qwen2 / Mistral decoder is expected)"
+        )
     return max(found, key=lambda item: len(item[1]))
 
 
@@ -141,10 +143,12 @@ def _run_layer(layer: nn.Module, inputs: list[tuple[tuple, dict]]) -> list[Tenso
 
 def _awq_groups(layer: nn.Module, names: set[str]) -> list[tuple[str, list[str]]]:
     """(previous op, Linears it feeds) of a Llama-style layer, for the Linears being quantized."""
-    groups = [("input_layernorm", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
-              ("self_attn.v_proj", ["self_attn.o_proj"]),
-              ("post_attention_layernorm", ["mlp.gate_proj", "mlp.up_proj"]),
-              ("mlp.up_proj", ["mlp.down_proj"])]
+    groups = [
+        ("input_layernorm", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+        ("self_attn.v_proj", ["self_attn.o_proj"]),
+        ("post_attention_layernorm", ["mlp.gate_proj", "mlp.up_proj"]),
+        ("mlp.up_proj", ["mlp.down_proj"]),
+    ]
     out = []
     for prev, linears in groups:
         if not all(n in names for n in linears):

@@ -51,8 +51,12 @@ def check_recipe(steps: list, scheme: Scheme) -> None:
     """SmoothQuant moves activation outliers into the weights: it serves int8 activations only.
     GPTQ's ``act_order="group"`` stores a ``g_idx``, which int8-activation checkpoints cannot hold."""
     if scheme.weight_only and any(isinstance(s, SmoothQuant) for s in steps):
-        raise ValueError(f"SmoothQuant helps int8 activation quantization; {scheme.name} keeps activations in 16 bits "
-                         "(use AWQ and/or GPTQ for weight-only schemes)")
+        raise ValueError(
+            f"SmoothQuant helps int8 activation quantization; {scheme.name} keeps activations in 16 bits "
+            "(use AWQ and/or GPTQ for weight-only schemes)"
+        )
     if not scheme.weight_only and any(isinstance(s, GPTQ) and s.act_order == "group" for s in steps):
-        raise ValueError(f"GPTQ(act_order='group') gives scattered scale groups (a g_idx), which weight-only formats store and "
-                         f"{scheme.name} checkpoints cannot: use act_order='weight' (the default) or None")
+        raise ValueError(
+            f"GPTQ(act_order='group') gives scattered scale groups (a g_idx), which weight-only formats store and "
+            f"{scheme.name} checkpoints cannot: use act_order='weight' (the default) or None"
+        )

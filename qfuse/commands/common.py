@@ -12,8 +12,15 @@ from ..linear import QuantLinear
 
 # Files a tokenizer (and generation defaults) may live in; copied beside a quantized checkpoint.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
 )
 
 
@@ -59,8 +66,7 @@ def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
         elif isinstance(m, nn.Linear):
             linear += m.weight.numel() * m.weight.element_size()
             counted.add(id(m.weight))
-    other = sum(t.numel() * t.element_size() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
-                if id(t) not in counted)
+    other = sum(t.numel() * t.element_size() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values() if id(t) not in counted)
     return linear, other
 
 

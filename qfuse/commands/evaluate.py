@@ -27,22 +27,34 @@ def add_parser(sub) -> None:
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows")
     p.add_argument("--batch", type=int, default=1, help="windows per forward pass")
-    p.add_argument("--dtype", choices=("bfloat16", "float16"), default=None,
-                   help="activation dtype (default: the checkpoint's; for a built-in model float32, or bfloat16 with --scheme/--table)")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16"),
+        default=None,
+        help="activation dtype (default: the checkpoint's; for a built-in model float32, or bfloat16 with --scheme/--table)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     q = p.add_argument_group("quantize a float model first")
     q.add_argument("--scheme", default=None, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
     q.add_argument("--calibration", default=None, help="recipe: rtn, sq, awq, gptq or steps joined by '+' (e.g. sq+gptq, awq+gptq)")
-    q.add_argument("--calibration-samples", type=int, default=128,
-                   help="calibration windows of --window tokens from qfuse.calibration.calibration_text (default 128)")
+    q.add_argument(
+        "--calibration-samples",
+        type=int,
+        default=128,
+        help="calibration windows of --window tokens from qfuse.calibration.calibration_text (default 128)",
+    )
     q.add_argument("--fake-quant", action="store_true", help="evaluate the calibration's own fake-quant simulation instead of qfuse's ops")
     t = p.add_argument_group("the accuracy table")
     t.add_argument("--table", action="store_true", help="every scheme x recipe; writes accuracy.csv / .md / .png to --out")
     t.add_argument("--schemes", nargs="*", default=None, help="table: these schemes only")
     t.add_argument("--recipes", nargs="*", default=None, help="table: these recipes only")
     t.add_argument("--out", type=Path, default=None, help="table: output directory")
-    t.add_argument("--jobs", type=int, default=1, help="table: cells in this many processes (each loads the model; on one GPU "
-                   "a small model leaves room for several)")
+    t.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="table: cells in this many processes (each loads the model; on one GPU a small model leaves room for several)",
+    )
     t.add_argument("--cells", nargs="*", default=None, help=argparse.SUPPRESS)  # SCHEME:RECIPE pairs, for --jobs' processes
     p.set_defaults(run=run)
 
@@ -92,8 +104,7 @@ def _quantize(model, tok, args: argparse.Namespace):
         model = quantize_model(model, scheme, calibration=steps, calibration_data=data, fake_quant=args.fake_quant)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"qfuse eval: {e}") from None
-    print(f"quantized to {scheme.name} ({args.calibration or 'rtn'}{', fake-quant' if args.fake_quant else ''}) "
-          f"in {time.perf_counter() - t0:.1f} s")
+    print(f"quantized to {scheme.name} ({args.calibration or 'rtn'}{', fake-quant' if args.fake_quant else ''}) in {time.perf_counter() - t0:.1f} s")
     return model
 
 
@@ -131,8 +142,7 @@ def run(args: argparse.Namespace) -> int:
     result = perplexity(model, windows, args.batch)
     secs = time.perf_counter() - t0
     what = f"{args.model}" + (f" {args.scheme} {args.calibration or 'rtn'}{' fake-quant' if args.fake_quant else ''}" if args.scheme else "")
-    print(f"{what}: perplexity {result.ppl:.4f} on {source} "
-          f"({result.windows} windows of {args.window}, {result.tokens} scored tokens, {secs:.1f} s)")
+    print(f"{what}: perplexity {result.ppl:.4f} on {source} ({result.windows} windows of {args.window}, {result.tokens} scored tokens, {secs:.1f} s)")
     return 0
 
 
@@ -146,18 +156,20 @@ def _table(model, tok, windows, source: str, args: argparse.Namespace) -> int:
         raise SystemExit("qfuse eval: --schemes / --recipes select no cell of the table")
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
-    header = (f"# {args.model} on {source}: {windows.shape[0]} windows of {windows.shape[1]} tokens, "
-              f"{str(model.dtype).removeprefix('torch.')}, {where}, torch {torch.__version__}; "
-              f"calibration {args.calibration_samples} windows of calibration_text")
+    header = (
+        f"# {args.model} on {source}: {windows.shape[0]} windows of {windows.shape[1]} tokens, "
+        f"{str(model.dtype).removeprefix('torch.')}, {where}, torch {torch.__version__}; "
+        f"calibration {args.calibration_samples} windows of calibration_text"
+    )
     if args.jobs == 1:  # the table so far is rewritten after every cell
-        base_ppl, rows = accuracy_table(model, cells, windows, _calibration_data(tok, args), device, args.batch,
-                                        on_row=lambda ppl, done: write_table(args.out, ppl, done, header))
+        base_ppl, rows = accuracy_table(
+            model, cells, windows, _calibration_data(tok, args), device, args.batch, on_row=lambda ppl, done: write_table(args.out, ppl, done, header)
+        )
     else:
         base_ppl, rows = _table_in_processes(cells, args)
     for path in write_table(args.out, base_ppl, rows, header):
         print(f"wrote {path}")
     return 0
-
 
 
 def _table_in_processes(cells, args: argparse.Namespace):
@@ -169,16 +181,36 @@ def _table_in_processes(cells, args: argparse.Namespace):
     from ..eval.accuracy import read_rows
 
     shares = [share for share in (cells[i :: args.jobs] for i in range(args.jobs)) if share]
-    forwarded = ["--window", str(args.window), "--batch", str(args.batch), "--device", args.device,
-                 "--calibration-samples", str(args.calibration_samples)]
+    forwarded = [
+        "--window",
+        str(args.window),
+        "--batch",
+        str(args.batch),
+        "--device",
+        args.device,
+        "--calibration-samples",
+        str(args.calibration_samples),
+    ]
     for flag, value in (("--max-windows", args.max_windows), ("--text", args.text), ("--dtype", args.dtype)):
         if value is not None:
             forwarded += [flag, str(value)]
     procs = []
     for i, share in enumerate(shares):
         out = args.out / f"part{i}"
-        cmd = [sys.executable, "-m", "qfuse.cli", "eval", str(args.model), "--ppl", "--table", "--out", str(out), *forwarded,
-               "--cells", *[f"{s}:{r}" for s, r in share]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "qfuse.cli",
+            "eval",
+            str(args.model),
+            "--ppl",
+            "--table",
+            "--out",
+            str(out),
+            *forwarded,
+            "--cells",
+            *[f"{s}:{r}" for s, r in share],
+        ]
         procs.append((out, subprocess.Popen(cmd)))
     failed = [str(out) for out, p in procs if p.wait() != 0]
     if failed:

@@ -12,8 +12,13 @@ import torch
 
 def add_parser(sub) -> None:
     p = sub.add_parser("kernels", help="explain the kernel choice of a GEMM: families considered, refused (why), picked")
-    p.add_argument("--explain", nargs=4, metavar=("M", "N", "K", "SCHEME"), required=True,
-                   help="tokens M, output features N, input features K, and a scheme (W4A16, W8A8, W4A8_G128, W4A16_G64, ...)")
+    p.add_argument(
+        "--explain",
+        nargs=4,
+        metavar=("M", "N", "K", "SCHEME"),
+        required=True,
+        help="tokens M, output features N, input features K, and a scheme (W4A16, W8A8, W4A8_G128, W4A16_G64, ...)",
+    )
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="activation dtype (default bfloat16)")
     p.add_argument("--gpu", default=None, help="GPU name of the tuned tables (default: this machine's GPU, else NVIDIA_H200)")
     p.add_argument("--sms", type=int, default=None, help="streaming multiprocessors (default: this GPU's, else 132)")
@@ -44,8 +49,9 @@ def _scheme(name: str):
     return make_scheme(int(m[1]), int(m[2]), int(m[3]) if m[3] else -1, m[4] is None)
 
 
-def explain(m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch.bfloat16, gpu: str = "NVIDIA_H200", sms: int = 132,
-            tma: bool = True) -> str:
+def explain(
+    m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch.bfloat16, gpu: str = "NVIDIA_H200", sms: int = 132, tma: bool = True
+) -> str:
     """The report ``qfuse kernels --explain`` prints."""
     from ..ops import int8_dispatch, wna16_dispatch
     from ..ops._autotune import lookup
@@ -54,8 +60,10 @@ def explain(m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch
     if min(m, n, k) < 1:
         raise ValueError(f"M, N and K must be positive, got {m}, {n}, {k}")
     if s.group_size != -1 and k % s.group_size:
-        raise ValueError(f"K={k} is not divisible by {s.name}'s group size {s.group_size} "
-                         "(quantize_model gives such layers a smaller group: try that scheme, e.g. W4A16_G64)")
+        raise ValueError(
+            f"K={k} is not divisible by {s.name}'s group size {s.group_size} "
+            "(quantize_model gives such layers a smaller group: try that scheme, e.g. W4A16_G64)"
+        )
     if s.weight_only:
         op, registry = wna16_dispatch.OP, wna16_dispatch.REGISTRY
         p = wna16_dispatch.problem(m, n, k, s.weight_bits, s.group_size, sms, tma, dtype)
@@ -68,9 +76,12 @@ def explain(m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch
         key = int8_dispatch.config_key(m, n, k, s.group_size, w4=s.weight_bits == 4)
         offered = registry.offered(p)
     verdicts = registry.explain(p)
-    lines = [f"{op}  M={m} N={n} K={k}  {s.name} ({s.weight_bits}-bit weights, "
-             f"{'per channel' if s.group_size == -1 else f'group {s.group_size}'}, {str(dtype).removeprefix('torch.')})  "
-             f"on {gpu} ({sms} SMs{'' if tma else ', no TMA'})", ""]
+    lines = [
+        f"{op}  M={m} N={n} K={k}  {s.name} ({s.weight_bits}-bit weights, "
+        f"{'per channel' if s.group_size == -1 else f'group {s.group_size}'}, {str(dtype).removeprefix('torch.')})  "
+        f"on {gpu} ({sms} SMs{'' if tma else ', no TMA'})",
+        "",
+    ]
     width = max(len(v.family) for v in verdicts)
     lines.append(f"  {'family':<{width}}  {'verdict':<8}  configs  offered  why")
     for v in verdicts:
@@ -84,11 +95,12 @@ def explain(m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch
         cfg, source = (offered[0] if offered else None), "the untuned heuristic (the first candidate); a first call on the GPU measures them"
     lines.append(f"  picked: {cfg}")
     lines.append(f"  from:   {source}")
-    if not s.weight_only and cfg is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(cfg)) \
-            and key[0] <= int8_dispatch.EAGER_MAX_M:
+    if not s.weight_only and cfg is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(cfg)) and key[0] <= int8_dispatch.EAGER_MAX_M:
         eager = lookup(op + "_eager", key, gpu)
-        lines.append(f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
-                     + (f"  from {eager[1]}" if eager else ""))
+        lines.append(
+            f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
+            + (f"  from {eager[1]}" if eager else "")
+        )
     return "\n".join(lines)
 
 

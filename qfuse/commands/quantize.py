@@ -20,16 +20,18 @@ from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes,
 
 def add_parser(sub) -> None:
     p = sub.add_parser("quantize", help="quantize a local Hugging Face model directory and save it (compressed-tensors)")
-    p.add_argument("model", type=Path, help="directory with config.json and float safetensors weights, or a built-in model: "
-                   + ", ".join(BUILTIN_MODELS))
+    p.add_argument(
+        "model", type=Path, help="directory with config.json and float safetensors weights, or a built-in model: " + ", ".join(BUILTIN_MODELS)
+    )
     p.add_argument("--scheme", required=True, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--ignore", nargs="*", default=None, help="layers to keep in floating point (default: lm_head)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default=None, help="activation dtype (default: the model's, else bfloat16)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     p.add_argument("--calibration", default=None, help="recipe: rtn (default), sq, awq, gptq or steps joined by '+' (sq+gptq, awq+gptq)")
-    p.add_argument("--calibration-samples", type=int, default=128,
-                   help="calibration windows of 512 tokens from qfuse.calibration.calibration_text (default 128)")
+    p.add_argument(
+        "--calibration-samples", type=int, default=128, help="calibration windows of 512 tokens from qfuse.calibration.calibration_text (default 128)"
+    )
     p.set_defaults(run=run)
 
 
@@ -88,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if data is not None:
         print(f"calibrated ({recipe_name(steps)}) and quantized in {time.perf_counter() - t0:.1f} s")
     after, _ = linear_weight_bytes(model)
-    print(f"linear weights: {human_bytes(before)} {str(dtype).removeprefix('torch.')} -> {human_bytes(after)} {scheme.name} "
-          f"({before / max(after, 1):.2f}x smaller); other tensors {human_bytes(other)}")
+    print(
+        f"linear weights: {human_bytes(before)} {str(dtype).removeprefix('torch.')} -> {human_bytes(after)} {scheme.name} "
+        f"({before / max(after, 1):.2f}x smaller); other tensors {human_bytes(other)}"
+    )
     save_quantized(model, args.out, max_shard_size=args.max_shard_size)
     verb = "copied"
     if tokenizer is not None:  # a built-in model: its tokenizer lives in no directory, so it is written out
@@ -99,6 +103,5 @@ def run(args: argparse.Namespace) -> int:
         for name in copied:
             shutil.copy2(args.model / name, args.out / name)
     size = sum(f.stat().st_size for f in args.out.glob("*.safetensors"))
-    print(f"saved {args.out} ({human_bytes(size)} of safetensors; compressed-tensors format"
-          + (f"; {verb} {', '.join(copied)})" if copied else ")"))
+    print(f"saved {args.out} ({human_bytes(size)} of safetensors; compressed-tensors format" + (f"; {verb} {', '.join(copied)})" if copied else ")"))
     return 0

@@ -59,23 +59,34 @@ def _seconds(fn):
     return out, time.perf_counter() - t0
 
 
-def evaluate_cell(base: nn.Module, scheme: str, recipe: str, windows: Tensor, calibration_data, device, batch: int,
-                  progress: bool = False) -> tuple[float, float, float, float]:
+def evaluate_cell(
+    base: nn.Module, scheme: str, recipe: str, windows: Tensor, calibration_data, device, batch: int, progress: bool = False
+) -> tuple[float, float, float, float]:
     """(ppl through the ops, ppl of the simulation, calibration seconds, evaluation seconds) of one cell."""
     model = copy.deepcopy(base).to(device)
     steps = parse_recipe(recipe)
     data = calibration_data if (steps or get_scheme(scheme).static_act) else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the group fallback warning, once per cell
-        (quantized, simulation), calib_s = _seconds(lambda: quantize_with_simulation(
-            model, scheme, calibration=steps, calibration_data=data, progress=progress))
+        (quantized, simulation), calib_s = _seconds(
+            lambda: quantize_with_simulation(model, scheme, calibration=steps, calibration_data=data, progress=progress)
+        )
     ppl, eval_s = _seconds(lambda: perplexity(quantized, windows, batch, progress=progress).ppl)
     ppl_sim = perplexity(simulation, windows, batch, progress=progress).ppl
     return ppl, ppl_sim, calib_s, eval_s
 
 
-def accuracy_table(base: nn.Module, cells: list[tuple[str, str]], windows: Tensor, calibration_data, device, batch: int = 1,
-                   progress: bool = True, on_row=None, base_ppl: float | None = None) -> tuple[float, list[Row]]:
+def accuracy_table(
+    base: nn.Module,
+    cells: list[tuple[str, str]],
+    windows: Tensor,
+    calibration_data,
+    device,
+    batch: int = 1,
+    progress: bool = True,
+    on_row=None,
+    base_ppl: float | None = None,
+) -> tuple[float, list[Row]]:
     """The float model's perplexity (measured unless ``base_ppl`` is given) and one :class:`Row`
     per cell. ``base`` stays untouched. ``on_row(base_ppl, rows)`` runs after each cell (e.g. to
     write the table so far)."""
@@ -89,8 +100,11 @@ def accuracy_table(base: nn.Module, cells: list[tuple[str, str]], windows: Tenso
         row = Row(scheme, recipe_name(parse_recipe(recipe)), ppl, sim, (ppl / base_ppl - 1) * 100, calib_s, eval_s)
         rows.append(row)
         if progress:
-            print(f"[{i + 1}/{len(cells)}] {scheme:<11} {row.recipe:<9} ppl {ppl:.4f} (fake-quant {sim:.4f}) {row.delta_pct:+.2f} % "
-                  f"calibrate {calib_s:.1f} s", flush=True)
+            print(
+                f"[{i + 1}/{len(cells)}] {scheme:<11} {row.recipe:<9} ppl {ppl:.4f} (fake-quant {sim:.4f}) {row.delta_pct:+.2f} % "
+                f"calibrate {calib_s:.1f} s",
+                flush=True,
+            )
         if on_row:
             on_row(base_ppl, rows)
     return base_ppl, rows
@@ -100,8 +114,10 @@ def read_rows(path: Path) -> tuple[float, list[Row]]:
     """The float perplexity and the rows of an ``accuracy.csv`` written by :func:`write_table`."""
     with open(path, newline="") as f:
         base_ppl = float(f.readline().removeprefix("# float ppl "))
-        rows = [Row(r["scheme"], r["recipe"], *(float(r[k]) for k in ("ppl", "ppl_fake_quant", "delta_pct", "calibrate_s", "eval_s")))
-                for r in csv.DictReader(f)]
+        rows = [
+            Row(r["scheme"], r["recipe"], *(float(r[k]) for k in ("ppl", "ppl_fake_quant", "delta_pct", "calibrate_s", "eval_s")))
+            for r in csv.DictReader(f)
+        ]
     return base_ppl, rows
 
 
@@ -115,8 +131,14 @@ def write_table(out: Path, base_ppl: float, rows: list[Row], header: str) -> lis
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in asdict(r).items()})
-    lines = [header, "", f"float model: ppl {base_ppl:.4f}", "",
-             "| scheme | recipe | ppl (qfuse ops) | ppl (fake-quant) | Δ % vs float | calibrate s |", "|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        f"float model: ppl {base_ppl:.4f}",
+        "",
+        "| scheme | recipe | ppl (qfuse ops) | ppl (fake-quant) | Δ % vs float | calibrate s |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(f"| {r.scheme} | {r.recipe} | {r.ppl:.4f} | {r.ppl_fake_quant:.4f} | {r.delta_pct:+.2f} | {r.calibrate_s:.1f} |")
     written[1].write_text("\n".join(lines) + "\n")

@@ -27,8 +27,10 @@ def quantization_config(path: Path) -> tuple[dict, dict]:
             if "quant_method" not in qc:  # AutoGPTQ's quantize_config.json and AutoAWQ's quant_config.json
                 qc = {**qc, "quant_method": "awq" if "w_bit" in qc or "version" in qc else "gptq"}
     if qc is None:
-        raise CheckpointError(f"{path}: no quantization config (config.json has no quantization_config, "
-                              f"and there is no {' or '.join(SIDE_CONFIGS)}); is this a quantized checkpoint?")
+        raise CheckpointError(
+            f"{path}: no quantization config (config.json has no quantization_config, "
+            f"and there is no {' or '.join(SIDE_CONFIGS)}); is this a quantized checkpoint?"
+        )
     if not isinstance(qc, dict):
         raise CheckpointError(f"{path}: quantization_config must be a JSON object")
     return config, qc
@@ -45,5 +47,4 @@ def open_checkpoint(path: str | Path):
         return AwqCheckpoint(files, qc)
     if is_gptq(qc):
         return GptqCheckpoint(files, qc)
-    raise CheckpointError(f"{path}: quant_method {qc.get('quant_method')!r} is not supported "
-                          "(qfuse reads awq, gptq and compressed-tensors)")
+    raise CheckpointError(f"{path}: quant_method {qc.get('quant_method')!r} is not supported (qfuse reads awq, gptq and compressed-tensors)")

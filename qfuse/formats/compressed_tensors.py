@@ -57,8 +57,17 @@ NAME = "compressed-tensors"
 EXTENSION_KEY = "qfuse_extension"
 EXTENSION_NAME = "qfuse.w4a8_integer_group_scale"
 W4A8_G128 = "W4A8_G128"
-_LAYER_TENSORS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_g_idx", "weight", "input_scale",
-                  "input_zero_point", "bias")
+_LAYER_TENSORS = (
+    "weight_packed",
+    "weight_shape",
+    "weight_scale",
+    "weight_zero_point",
+    "weight_g_idx",
+    "weight",
+    "input_scale",
+    "input_zero_point",
+    "bias",
+)
 
 
 def is_compressed_tensors(qc: dict) -> bool:
@@ -99,8 +108,9 @@ class CompressedTensorsCheckpoint:
         self.w4a8_groups = {name: 128 for name in self.w4a8_g128_layers}  # prefix -> the layer's group size
         for name, g in (ext.get("group_sizes") or {}).items():
             if name not in self.w4a8_g128_layers or g not in W4A8_GROUP_SIZES:
-                raise CheckpointError(f"{p}: {EXTENSION_KEY} group_sizes: {name!r}: {g!r} is not a listed layer with a "
-                                      f"group size in {W4A8_GROUP_SIZES}")
+                raise CheckpointError(
+                    f"{p}: {EXTENSION_KEY} group_sizes: {name!r}: {g!r} is not a listed layer with a group size in {W4A8_GROUP_SIZES}"
+                )
             self.w4a8_groups[name] = g
         self.stored_group: dict[str, int] = {}  # prefix -> the checkpoint's group size G of a layer regrouped at g' < G
 
@@ -129,7 +139,9 @@ class CompressedTensorsCheckpoint:
         try:
             bits, group_size = int(w.get("num_bits", 8)), int(w.get("group_size") or -1)
         except (TypeError, ValueError):
-            raise CheckpointError(f"{where}: weights num_bits={w.get('num_bits')!r} and group_size={w.get('group_size')!r} must be integers") from None
+            raise CheckpointError(
+                f"{where}: weights num_bits={w.get('num_bits')!r} and group_size={w.get('group_size')!r} must be integers"
+            ) from None
         strategy = w.get("strategy") or ("group" if group_size > 0 else "channel")
         if strategy not in ("group", "channel", "tensor"):
             raise CheckpointError(f"{where}: weight strategy {strategy!r} is not supported (group, channel, tensor)")
@@ -147,8 +159,9 @@ class CompressedTensorsCheckpoint:
             dynamic = a.get("dynamic", False)
             a_strategy = a.get("strategy")
             if not ((a_strategy == "token" and dynamic is True) or (a_strategy == "tensor" and dynamic is False)):
-                raise ValueError(f"activation strategy {a_strategy!r} with dynamic={dynamic!r} is not supported "
-                                 "(dynamic per-token or static per-tensor)")
+                raise ValueError(
+                    f"activation strategy {a_strategy!r} with dynamic={dynamic!r} is not supported (dynamic per-token or static per-tensor)"
+                )
             if act_order:
                 raise ValueError("act-order with int8 activations is not supported")
             if prefix in self.w4a8_g128_layers:
@@ -158,8 +171,10 @@ class CompressedTensorsCheckpoint:
             if not w.get("symmetric", True):
                 raise ValueError("int8-activation layers need symmetric weights")
             if bits == 4 and strategy == "group":
-                raise ValueError("W4A8 with floating-point group scales cannot run exactly on qfuse's W4A8 kernels "
-                                 "(their group scale is an integer); quantize the float model with W4A8_G128 instead")
+                raise ValueError(
+                    "W4A8 with floating-point group scales cannot run exactly on qfuse's W4A8 kernels "
+                    "(their group scale is an integer); quantize the float model with W4A8_G128 instead"
+                )
             return make_scheme(bits, 8, -1, True, static_act=a_strategy == "tensor"), False
         except ValueError as e:
             raise CheckpointError(f"{where}: {e}") from None
@@ -177,15 +192,19 @@ class CompressedTensorsCheckpoint:
                 n, k = (int(v) for v in shape)
                 packed, want = f.shape(f"{prefix}.weight_packed"), (n, -(-k * scheme.weight_bits // 32))
                 if packed != want:
-                    raise CheckpointError(f"{f.where(prefix)}: tensor '{prefix}.weight_packed' has shape {list(packed)}, but "
-                                          f"'{prefix}.weight_shape' {[n, k]} with {scheme.weight_bits}-bit codes needs {list(want)}")
+                    raise CheckpointError(
+                        f"{f.where(prefix)}: tensor '{prefix}.weight_packed' has shape {list(packed)}, but "
+                        f"'{prefix}.weight_shape' {[n, k]} with {scheme.weight_bits}-bit codes needs {list(want)}"
+                    )
             elif f"{prefix}.weight" in f:
                 n, k = f.shape(f"{prefix}.weight")
             else:
                 raise CheckpointError(f"{f.where(prefix)}: layer {prefix} has a weight_scale but neither weight_packed nor weight")
-            unused = {"weight": f"{prefix}.weight_packed" in f and "the layer's weights are in weight_packed",
-                      "weight_g_idx": not act_order and "the config sets no group actorder for the layer",
-                      "input_scale": not scheme.static_act and "the config's activations are not static per-tensor"}
+            unused = {
+                "weight": f"{prefix}.weight_packed" in f and "the layer's weights are in weight_packed",
+                "weight_g_idx": not act_order and "the config sets no group actorder for the layer",
+                "input_scale": not scheme.static_act and "the config's activations are not static per-tensor",
+            }
             for leaf, why in unused.items():
                 if why and f"{prefix}.{leaf}" in f:
                     raise CheckpointError(f"{f.file_of[f'{prefix}.{leaf}']}: tensor '{prefix}.{leaf}' is stored but {why}")
@@ -196,7 +215,9 @@ class CompressedTensorsCheckpoint:
         for name in f.names():  # quantized data of a layer without weight_scale would otherwise load as a plain tensor
             prefix, _, leaf = name.rpartition(".")
             if prefix not in specs and (leaf in _LAYER_TENSORS[:5] + ("input_scale",) or leaf == "weight" and f.dtype(name)[0] in "IU"):
-                raise CheckpointError(f"{f.file_of[name]}: tensor {name!r} ({f.dtype(name)}) is quantized data, but there is no '{prefix}.weight_scale'")
+                raise CheckpointError(
+                    f"{f.file_of[name]}: tensor {name!r} ({f.dtype(name)}) is quantized data, but there is no '{prefix}.weight_scale'"
+                )
         for prefix in self.w4a8_g128_layers - set(specs):
             raise CheckpointError(f"{f.path}: {EXTENSION_KEY} lists layer {prefix}, which has no quantized tensors")
         return specs
@@ -212,8 +233,9 @@ class CompressedTensorsCheckpoint:
         exact = next((h for h in WNA16_GROUP_SIZES if g % h == 0 and k % h == 0), None)
         if exact is None:
             sizes = ", ".join(str(h) for h in WNA16_GROUP_SIZES)
-            raise CheckpointError(f"{where}, and no group size qfuse's kernels run ({sizes}) divides both, "
-                                  "so the layer cannot be re-expressed exactly")
+            raise CheckpointError(
+                f"{where}, and no group size qfuse's kernels run ({sizes}) divides both, so the layer cannot be re-expressed exactly"
+            )
         self.stored_group[prefix] = g
         return make_scheme(scheme.weight_bits, 16, exact, scheme.symmetric)
 
@@ -270,7 +292,9 @@ class CompressedTensorsCheckpoint:
                         raise CheckpointError(f"{gwhere}: weight_zero_point has shape {list(zp.shape)}, expected [{n}, {groups}]")
                     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
                     if zp.numel() and (int(zp.min()) < lo or int(zp.max()) > hi):
-                        raise CheckpointError(f"{where}: weight_zero_point values lie in [{int(zp.min())}, {int(zp.max())}], outside the {bits}-bit range [{lo}, {hi}]")
+                        raise CheckpointError(
+                            f"{where}: weight_zero_point values lie in [{int(zp.min())}, {int(zp.max())}], outside the {bits}-bit range [{lo}, {hi}]"
+                        )
                     zeros = (zp.to(torch.int16) - lo).to(torch.uint8)
                 if s.symmetric and bool((zeros != 1 << (bits - 1)).any()):  # older compressed-tensors stored zeros for symmetric layers
                     raise CheckpointError(f"{where}: the config says symmetric but weight_zero_point holds nonzero zero points")
@@ -355,14 +379,33 @@ def _factor_w4a8_groups(w_int: Tensor, group_size: int, where: str) -> tuple[Ten
 
 
 def _args(bits: int, strategy: str, group_size: int | None, symmetric: bool = True, actorder: str | None = None) -> dict:
-    return {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy, "group_size": group_size,
-            "dynamic": False, "actorder": actorder, "observer": "minmax", "observer_kwargs": {}, "block_structure": None}
+    return {
+        "num_bits": bits,
+        "type": "int",
+        "symmetric": symmetric,
+        "strategy": strategy,
+        "group_size": group_size,
+        "dynamic": False,
+        "actorder": actorder,
+        "observer": "minmax",
+        "observer_kwargs": {},
+        "block_structure": None,
+    }
 
 
 def _act_args(static: bool) -> dict:
-    return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor" if static else "token",
-            "group_size": None, "dynamic": not static, "actorder": None, "observer": "minmax" if static else None,
-            "observer_kwargs": {}, "block_structure": None}
+    return {
+        "num_bits": 8,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "tensor" if static else "token",
+        "group_size": None,
+        "dynamic": not static,
+        "actorder": None,
+        "observer": "minmax" if static else None,
+        "observer_kwargs": {},
+        "block_structure": None,
+    }
 
 
 def _pad_to(t: Tensor, dim: int, multiple: int) -> Tensor:
@@ -397,8 +440,7 @@ def layer_to_ct(layer: QuantLinear) -> tuple[dict, dict[str, Tensor], bool]:
         if layer.zeros is not None:
             out["weight_zero_point"] = pack_int32(_pad_to(layer.zeros, 0, 32 // bits), bits, dim=0)
         strategy, group_size = ("channel", None) if g == -1 else ("group", g)
-        entry = {"weights": _args(bits, strategy, group_size, layer.zeros is None, actorder), "input_activations": None,
-                 "format": "pack-quantized"}
+        entry = {"weights": _args(bits, strategy, group_size, layer.zeros is None, actorder), "input_activations": None, "format": "pack-quantized"}
         return entry, out, False
     if perm is not None:
         raise ValueError("an int8-activation layer with act_perm cannot be saved")

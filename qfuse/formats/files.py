@@ -101,8 +101,10 @@ class CheckpointFiles:
                 raise CheckpointError(f"{file}: not a readable safetensors file (tensor {tensor!r} has a malformed header entry {info!r})")
         end = max((info["data_offsets"][1] for info in header.values()), default=0)
         if 8 + n + end > size:
-            raise CheckpointError(f"{file}: truncated ({size} bytes, its header needs {8 + n + end}; "
-                                  f"tensor {max(header, key=lambda t: header[t]['data_offsets'][1])!r} ends past the end)")
+            raise CheckpointError(
+                f"{file}: truncated ({size} bytes, its header needs {8 + n + end}; "
+                f"tensor {max(header, key=lambda t: header[t]['data_offsets'][1])!r} ends past the end)"
+            )
         for tensor, info in header.items():
             if tensor in self.file_of:
                 raise CheckpointError(f"{file}: tensor {tensor!r} is also stored in {self.file_of[tensor].name}")

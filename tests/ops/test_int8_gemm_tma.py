@@ -26,6 +26,7 @@ def tma_cfg(bm=16, bn=32, bk=64, persistent=0, programs=None):
 
 # --------------------------------------------------------------- CPU: Triton interpreter
 
+
 @pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
 @pytest.mark.parametrize("programs", [None, 3])  # one program per tile; 3 programs walking 6-15 tiles
 def test_accumulator_exact(m, programs):
@@ -83,16 +84,18 @@ def test_rejects_what_it_cannot_take():
         run_int8_gemm(xq4, xs4, qw, ws4, gs, None, torch.bfloat16, w4=True, config=tma_cfg(bk=256))
 
 
-@pytest.mark.parametrize("m,n,k,group_size,per_token,out_dtype", [
-    (70, 40, 224, -1, True, torch.bfloat16),   # K tail: 224 = 3.5 tiles of 64; zero bytes unpack to -8 there
-    (33, 72, 256, 128, False, torch.float16),  # two groups of 128, N tail
-    (5, 24, 384, 128, True, torch.bfloat16),
-])
+@pytest.mark.parametrize(
+    "m,n,k,group_size,per_token,out_dtype",
+    [
+        (70, 40, 224, -1, True, torch.bfloat16),  # K tail: 224 = 3.5 tiles of 64; zero bytes unpack to -8 there
+        (33, 72, 256, 128, False, torch.float16),  # two groups of 128, N tail
+        (5, 24, 384, 128, True, torch.bfloat16),
+    ],
+)
 def test_w4_matches_reference(m, n, k, group_size, per_token, out_dtype):
     """The W4A8 form: packed bytes through the descriptor, unpacked into the MMA's B operand."""
     xq, xs, qw, ws, gs, b = make_w4a8(m, n, k, group_size, per_token=per_token, out_dtype=out_dtype)
-    out = run_int8_gemm(xq, xs, qw, ws, gs, b, out_dtype, w4=True, config=tma_cfg(programs=2 if m > 16 else None,
-                                                                                persistent=int(m > 16)))
+    out = run_int8_gemm(xq, xs, qw, ws, gs, b, out_dtype, w4=True, config=tma_cfg(programs=2 if m > 16 else None, persistent=int(m > 16)))
     assert_bitwise(out, w4a8_gemm_ref(xq, xs, qw, ws, gs, b, group_size, out_dtype))
 
 
@@ -117,13 +120,13 @@ def test_offered_where_it_applies():
         for gs in (-1, 128):
             w4 = candidate_configs(m, 6144, 4096, gs, 132, w4=True, gpu=True)
             assert w4[0]["kernel"] != "tma"
-            assert [c for c in w4 if c["kernel"] == "tma"] == [
-                dict(c, kernel="tma", UNPACK_ASM=1) for c in tma_configs(m, 4096, gs, w4=True)]
+            assert [c for c in w4 if c["kernel"] == "tma"] == [dict(c, kernel="tma", UNPACK_ASM=1) for c in tma_configs(m, 4096, gs, w4=True)]
             assert bool(tma_configs(m, 4096, gs, w4=True)) == (m > 64)
             assert all(128 % c["BLOCK_K"] == 0 for c in w4 if c["kernel"] == "tma" and gs == 128)
     assert any(c.get("TMA") and c["kernel"] == "w8" for c in candidate_configs(2048, 6144, 4096, 128, 132, w4=True, gpu=True))
-    assert not any(c["kernel"] == "tma" or c.get("TMA")
-                   for c in candidate_configs(2048, 6144, 4096, 128, 132, w4=True, gpu=True, tma=False))  # before Hopper
+    assert not any(
+        c["kernel"] == "tma" or c.get("TMA") for c in candidate_configs(2048, 6144, 4096, 128, 132, w4=True, gpu=True, tma=False)
+    )  # before Hopper
     assert tma_configs(256, 4112, w4=True) == [] and tma_configs(256, 4112)  # packed rows of K / 2 bytes: K % 32
     for m in (1, 16, 33, 64, 256, 1024):
         for c in tma_configs(m, 4096):
@@ -135,19 +138,21 @@ def test_folded_group_scale_layout_sm90():
     Triton gives those four bytes one row. Compiled for sm_90 with the installed Triton (no GPU),
     every W4A8 TMA tile's asm operand must have registers 0-3 along K (tests/ops/_tma_w4_layout_sm90.py;
     the tile kernel's register-operand layout, which failed on the H200, does not pass this check)."""
-    tiles = sorted({(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"])
-                    for c in tma_configs(1024, 4096, 128, w4=True)})
+    tiles = sorted({(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["num_stages"]) for c in tma_configs(1024, 4096, 128, w4=True)})
     cases = [",".join(map(str, t)) for t in tiles]
     stdout = run_sm90_script("_tma_w4_layout_sm90.py", cases)
     lines = stdout.splitlines()
     assert len(lines) == len(cases) and all(line.endswith(" ok") for line in lines), stdout
 
 
-@pytest.mark.parametrize("m,capturing,expected", [
-    (16, False, "eager"),  # decode outside a graph: the pick without TMA (cheaper launch)
-    (16, True, "graph"),   # under capture: the graph-timed pick
-    (1024, False, "graph"),  # M bucket > EAGER_MAX_M: the launch cost is hidden behind the kernel
-])
+@pytest.mark.parametrize(
+    "m,capturing,expected",
+    [
+        (16, False, "eager"),  # decode outside a graph: the pick without TMA (cheaper launch)
+        (16, True, "graph"),  # under capture: the graph-timed pick
+        (1024, False, "graph"),  # M bucket > EAGER_MAX_M: the launch cost is hidden behind the kernel
+    ],
+)
 def test_eager_decode_takes_the_pick_without_tma(monkeypatch, m, capturing, expected):
     """int8_gemm's dispatch: a TMA pick for a decode bucket is swapped for ``<op>_eager``'s pick
     (built from the non-TMA candidates) when no CUDA graph is being captured."""
@@ -179,6 +184,7 @@ def test_eager_decode_takes_the_pick_without_tma(monkeypatch, m, capturing, expe
 
 
 # --------------------------------------------------------------- GPU (H200)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 33, 64, 256, 1024, 2048])

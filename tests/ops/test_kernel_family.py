@@ -15,13 +15,24 @@ OPS = Path(__file__).resolve().parents[2] / "ops"
 
 
 def _family(name, ok=True, configs=({"A": 1},), default=True, opt_in=lambda c: ""):
-    return KernelFamily(name, "test", lambda p: (ok, "" if ok else f"{name} cannot"), lambda p, ex: [dict(c) for c in configs],
-                        lambda cfg, *a: (name, cfg), default=default, why_opt_in="" if default else f"{name} is opt-in", opt_in=opt_in)
+    return KernelFamily(
+        name,
+        "test",
+        lambda p: (ok, "" if ok else f"{name} cannot"),
+        lambda p, ex: [dict(c) for c in configs],
+        lambda cfg, *a: (name, cfg),
+        default=default,
+        why_opt_in="" if default else f"{name} is opt-in",
+        opt_in=opt_in,
+    )
 
 
 def test_walk_order_refusals_and_heuristic():
-    reg = Registry("op", [_family("a", configs=({"A": 1}, {"A": 2})), _family("b", ok=False), _family("c", configs=({"C": 1},))],
-                   heuristic=lambda p, cands: sorted(cands, key=lambda c: c["kernel"] != "c"))
+    reg = Registry(
+        "op",
+        [_family("a", configs=({"A": 1}, {"A": 2})), _family("b", ok=False), _family("c", configs=({"C": 1},))],
+        heuristic=lambda p, cands: sorted(cands, key=lambda c: c["kernel"] != "c"),
+    )
     p = Problem(1, 8, 8)
     assert reg.candidates(p) == [{"kernel": "c", "C": 1}, {"kernel": "a", "A": 1}, {"kernel": "a", "A": 2}]
     verdicts = {v.family: v for v in reg.explain(p)}
@@ -35,8 +46,9 @@ def test_walk_order_refusals_and_heuristic():
 
 
 def test_opt_in_families_and_configs_need_the_switch(monkeypatch):
-    reg = Registry("op", [_family("a", configs=({"A": 1}, {"A": 2}), opt_in=lambda c: "A=2 is slower" if c["A"] == 2 else ""),
-                          _family("x", default=False)])
+    reg = Registry(
+        "op", [_family("a", configs=({"A": 1}, {"A": 2}), opt_in=lambda c: "A=2 is slower" if c["A"] == 2 else ""), _family("x", default=False)]
+    )
     p = Problem(1, 8, 8)
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
     assert reg.offered(p) == [{"kernel": "a", "A": 1}]
@@ -89,15 +101,30 @@ def _imports(path: Path):
 
 
 def test_no_private_name_is_imported_across_ops_modules():
-    bad = [(p.name, mod, name) for p in sorted(OPS.glob("*.py")) for mod, names in _imports(p) for name in names
-           if name.startswith("_") and not name.startswith("__")]
+    bad = [
+        (p.name, mod, name)
+        for p in sorted(OPS.glob("*.py"))
+        for mod, names in _imports(p)
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
     assert not bad, bad
 
 
 def test_int8_kernel_modules_import_only_downward():
     """The int8 family: common helpers <- kernels <- dispatch, never back up (no import circle)."""
-    rank = {"int8_common": 0, "jit_utils": 0, "kernel_family": 0, "int8_tile": 1, "int8_gemm_tma": 2, "w4a8_gemv": 1,
-            "w4a8_mma_words": 1, "w8a8_gemv": 1, "w4a8_int8_weight": 3, "int8_dispatch": 4}
+    rank = {
+        "int8_common": 0,
+        "jit_utils": 0,
+        "kernel_family": 0,
+        "int8_tile": 1,
+        "int8_gemm_tma": 2,
+        "w4a8_gemv": 1,
+        "w4a8_mma_words": 1,
+        "w8a8_gemv": 1,
+        "w4a8_int8_weight": 3,
+        "int8_dispatch": 4,
+    }
     for name, r in rank.items():
         for mod, _ in _imports(OPS / f"{name}.py"):
             if mod in rank:

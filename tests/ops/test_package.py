@@ -61,6 +61,12 @@ def test_unverified_kernel_families_need_opt_in(monkeypatch):
     assert int8_dispatch.is_experimental({"kernel": "gemv8"})  # slower than the tile kernel on the H200
     assert int8_dispatch.is_experimental({"KERNEL": "gemv8"})  # a config stored in the spelling before "kernel"
     assert int8_dispatch.is_experimental({"kernel": "mma_words", "STREAM": 1})
-    for measured in ({"kernel": "tile", "UNPACK_ASM": 1}, {"kernel": "gemv"}, {"kernel": "tile", "GS_PARTIAL": 1}, {"kernel": "w8"},
-                     {"kernel": "tma"}, {"UNPACK_ASM": 1}):
+    for measured in (
+        {"kernel": "tile", "UNPACK_ASM": 1},
+        {"kernel": "gemv"},
+        {"kernel": "tile", "GS_PARTIAL": 1},
+        {"kernel": "w8"},
+        {"kernel": "tma"},
+        {"UNPACK_ASM": 1},
+    ):
         assert not int8_dispatch.is_experimental(measured)

@@ -53,6 +53,7 @@ CPU_CASES = [
 
 def _ulp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Distance in units of the last place between same-dtype 16-bit floats (sign-magnitude aware)."""
+
     def ordered(t):
         i = t.view(torch.int16).to(torch.int32)
         return torch.where(i < 0, -(i & 0x7FFF), i)

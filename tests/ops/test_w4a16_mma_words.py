@@ -24,6 +24,7 @@ FORMS = [(-1, False), (128, False), (256, False), (32, True), (64, True), (128, 
 
 # ---------------------------------------------------------------- CPU: Triton interpreter
 
+
 @pytest.mark.parametrize("form", range(len(FORMS)))
 @pytest.mark.parametrize("m", [1, 7, 33])
 @pytest.mark.parametrize("byte_pairs", [False, True])
@@ -55,8 +56,16 @@ def test_tolerance_catches_an_unpermuted_activation(scale_w, byte_pairs):
     words = qw.view(torch.int32).view(32, 2, 4, 4)  # [n, tile, c, q]
     shuffled = words.transpose(2, 3).contiguous().view(torch.uint8).view(qw.shape)
     with pytest.raises(AssertionError):
-        assert_close_to_ref(w4a16_mma_words(x, shuffled, s, z, b, 128, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs}),
-                            x, qw, s, z, b, 4, 128)
+        assert_close_to_ref(
+            w4a16_mma_words(x, shuffled, s, z, b, 128, {"BLOCK_M": 16, "BLOCK_N": 16, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs}),
+            x,
+            qw,
+            s,
+            z,
+            b,
+            4,
+            128,
+        )
 
 
 def test_unaligned_weight_storage():
@@ -96,9 +105,20 @@ def test_register_capped_configs_are_opt_in(monkeypatch):
 def test_ptx_compiles_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton: dtype x SCALE_W x zero
     points x group form, in a covering set."""
-    cases = ["mma,bf16,128,0,0", "mma,bf16,-1,1,0", "mma,fp16,128,1,0", "mma,fp16,-1,0,0",
-             "mma,bf16,32,1,1", "mma,bf16,128,0,1", "mma,fp16,64,0,1", "mma,fp16,128,1,1",
-             "mma,bf16,-1,1,0,1", "mma,fp16,128,0,0,1", "mma,bf16,64,1,1,1", "mma,fp16,128,1,1,1"]  # BYTE_PAIRS
+    cases = [
+        "mma,bf16,128,0,0",
+        "mma,bf16,-1,1,0",
+        "mma,fp16,128,1,0",
+        "mma,fp16,-1,0,0",
+        "mma,bf16,32,1,1",
+        "mma,bf16,128,0,1",
+        "mma,fp16,64,0,1",
+        "mma,fp16,128,1,1",
+        "mma,bf16,-1,1,0,1",
+        "mma,fp16,128,0,0,1",
+        "mma,bf16,64,1,1,1",
+        "mma,fp16,128,1,1,1",
+    ]  # BYTE_PAIRS
     assert run_sm90_script("_compile_sm90.py", cases).count("compiled") == len(cases)
 
 

@@ -35,6 +35,7 @@ def _codes_at_the_extremes(n, k, group_size):
 
 # ---------------------------------------------------------------- CPU: Triton interpreter
 
+
 @pytest.mark.parametrize("group_size", [-1, 32, 64])
 @pytest.mark.parametrize("cfg", range(len(CFGS)))
 @pytest.mark.parametrize("swap_ab", [False, True])
@@ -56,8 +57,10 @@ def test_interpreter_four_planes(group_size, split_k, swap_ab):
     assert_close_to_ref(w4a16_tiled_planes(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 
 
-@pytest.mark.parametrize("group_size,planes,cfg", [(g, p, c) for g in (-1, 32, 64) for p in (2, 4) for c in range(len(CFGS))
-                                                    if p == 2 or (g != 32 and CFGS[c]["BLOCK_K"] >= 64)])  # 4 planes: BLOCK_K >= 64
+@pytest.mark.parametrize(
+    "group_size,planes,cfg",
+    [(g, p, c) for g in (-1, 32, 64) for p in (2, 4) for c in range(len(CFGS)) if p == 2 or (g != 32 and CFGS[c]["BLOCK_K"] >= 64)],
+)  # 4 planes: BLOCK_K >= 64
 def test_interpreter_join(group_size, planes, cfg):
     """JOIN: the planes joined back to natural K order, the group scale on the weights, one dot."""
     i = cfg + planes // 2 + (group_size > 0)
@@ -72,8 +75,9 @@ def test_tolerance_catches_swapped_planes_join(planes):
     x, qw, s, z, b = make_problem(2, 32, 128, 4, 64, torch.bfloat16, asym=True, bias=False)
     swapped = ((qw >> 4) | (qw << 4)).contiguous()
     with pytest.raises(AssertionError):
-        assert_close_to_ref(w4a16_tiled_planes(x, swapped, s, z, b, 64, {**CFGS[0], "BLOCK_K": 64, "JOIN": True, "PLANES": planes}),
-                            x, qw, s, z, b, 4, 64)
+        assert_close_to_ref(
+            w4a16_tiled_planes(x, swapped, s, z, b, 64, {**CFGS[0], "BLOCK_K": 64, "JOIN": True, "PLANES": planes}), x, qw, s, z, b, 4, 64
+        )
 
 
 def test_four_planes_need_whole_mma_depth():
@@ -160,7 +164,18 @@ def test_ptx_compiles_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton (no GPU needed): dtype x
     planes x SWAP_AB x zero points x argument specialization, in a covering set of 8; and
     the JOIN form (planes joined back to natural K order) in 4 more."""
-    cases = ["bf16,4,1,1,1", "bf16,4,0,0,0", "fp16,4,1,0,1", "fp16,4,0,1,0",
-             "bf16,2,1,0,0", "bf16,2,0,1,1", "fp16,2,1,1,1", "fp16,2,0,0,0",
-             "bf16,4,1,1,1,1", "fp16,4,1,0,0,1", "bf16,2,1,0,1,1", "fp16,2,1,1,0,1"]  # JOIN
+    cases = [
+        "bf16,4,1,1,1",
+        "bf16,4,0,0,0",
+        "fp16,4,1,0,1",
+        "fp16,4,0,1,0",
+        "bf16,2,1,0,0",
+        "bf16,2,0,1,1",
+        "fp16,2,1,1,1",
+        "fp16,2,0,0,0",
+        "bf16,4,1,1,1,1",
+        "fp16,4,1,0,0,1",
+        "bf16,2,1,0,1,1",
+        "fp16,2,1,1,0,1",
+    ]  # JOIN
     assert run_sm90_script("_compile_sm90.py", cases).count("compiled") == len(cases)

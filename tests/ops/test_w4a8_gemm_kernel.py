@@ -54,6 +54,7 @@ def fake_quant_check(out, xq, x_scale, qweight, w_scale, gs, b, group_size):
 
 # --------------------------------------------------------------- CPU: Triton interpreter
 
+
 @pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
 @pytest.mark.parametrize("group_size", [-1, 128])
 @pytest.mark.parametrize("split_k", [1, 2])
@@ -142,8 +143,17 @@ def test_small_groups_through_the_op_and_the_int8_weight_pass(group_size):
 
 
 def gemv_cfg(bm, bn, bw, split, prefetch=0):
-    return {"kernel": "gemv", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
-            "num_warps": 4, "num_stages": 2, "DP4A_ASM": 0, "PREFETCH": prefetch}
+    return {
+        "kernel": "gemv",
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_W": bw,
+        "SPLIT_K": split,
+        "num_warps": 4,
+        "num_stages": 2,
+        "DP4A_ASM": 0,
+        "PREFETCH": prefetch,
+    }
 
 
 @pytest.mark.parametrize("m", [1, 7, 33])
@@ -157,14 +167,17 @@ def test_group_partial_accumulator_exact(m):
 
 # GEMV (ops/w4a8_gemv.py) under the interpreter: the same data movement as on the GPU, with
 # dp4a / prmt spelled in shifts and masks (DP4A_ASM=0). Each case is 1-2 s: few programs.
-@pytest.mark.parametrize("m,bm,group_size,split,out_dtype,per_token,prefetch", [
-    (1, 1, -1, 1, torch.bfloat16, True, 0),
-    (1, 1, 128, 2, torch.float16, True, 1),
-    (2, 2, 128, 1, torch.bfloat16, False, 1),
-    (2, 2, -1, 2, torch.float16, True, 0),
-    (7, 4, 128, 2, torch.bfloat16, True, 0),  # two token tiles, the second past M
-    (7, 4, -1, 1, torch.bfloat16, False, 1),
-])
+@pytest.mark.parametrize(
+    "m,bm,group_size,split,out_dtype,per_token,prefetch",
+    [
+        (1, 1, -1, 1, torch.bfloat16, True, 0),
+        (1, 1, 128, 2, torch.float16, True, 1),
+        (2, 2, 128, 1, torch.bfloat16, False, 1),
+        (2, 2, -1, 2, torch.float16, True, 0),
+        (7, 4, 128, 2, torch.bfloat16, True, 0),  # two token tiles, the second past M
+        (7, 4, -1, 1, torch.bfloat16, False, 1),
+    ],
+)
 def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dtype, per_token, prefetch):
     args = make_w4a8(m, 40, 512, group_size, per_token=per_token, out_dtype=out_dtype)  # N = 40: a clamped row tile
     out = run_int8_gemm(*args, out_dtype, w4=True, config=gemv_cfg(bm, 32, 4, split, prefetch))
@@ -172,13 +185,16 @@ def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dty
     fake_quant_check(out, *args, group_size)
 
 
-@pytest.mark.parametrize("m,tile,group_size,split", [
-    (1, (2, 32, 2), -1, 1),
-    (2, (2, 32, 2), 128, 2),
-    (1, (2, 64, 4), 128, 1),
-    (2, (1, 64, 2), -1, 1),
-    (1, (4, 16, 2), 128, 4),
-])
+@pytest.mark.parametrize(
+    "m,tile,group_size,split",
+    [
+        (1, (2, 32, 2), -1, 1),
+        (2, (2, 32, 2), 128, 2),
+        (1, (2, 64, 4), 128, 1),
+        (2, (1, 64, 2), -1, 1),
+        (1, (4, 16, 2), 128, 4),
+    ],
+)
 def test_gemv_lane_tiles(m, tile, group_size, split):
     """The one-lane-per-thread tiles (ops/w4a8_gemv.py, _LANE_TILES): rows 1-4 a program, N = 37
     (the last program's rows past N), 512-1024 bytes of a row per tile."""
@@ -254,7 +270,7 @@ def test_new_candidates_are_extra(group_size):
             if m <= 2:
                 assert (new[0]["BLOCK_N"], new[0]["BLOCK_W"], new[0]["num_warps"]) == (2, 32, 2)
             start = new.index(old[0])
-            assert start <= 1 + len(mma_words_configs(m, n, k, 132, group_size)) and new[start: start + len(old)] == old
+            assert start <= 1 + len(mma_words_configs(m, n, k, 132, group_size)) and new[start : start + len(old)] == old
             gemv = [c for c in new if c["kernel"] == "gemv"]
             assert bool(gemv) == (m <= 8) and all(gemv_supported(k, group_size, c) for c in gemv)
             assert any(c.get("GS_PARTIAL") for c in new) == (group_size == 128 and m <= 64)
@@ -360,8 +376,9 @@ def test_gpu_grid(m, n, k, group_size, no_tuning):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,group_size,out_dtype", [(1, -1, torch.float16), (16, 128, torch.float16),
-                                                     (300, 128, torch.bfloat16), (300, -1, torch.float16)])
+@pytest.mark.parametrize(
+    "m,group_size,out_dtype", [(1, -1, torch.float16), (16, 128, torch.float16), (300, 128, torch.bfloat16), (300, -1, torch.float16)]
+)
 def test_gpu_fake_quant(m, group_size, out_dtype, no_tuning):
     args = make_w4a8(m, 4096, 4096, group_size, device="cuda", per_token=m != 16, out_dtype=out_dtype)
     out = torch.ops.qfuse.w4a8_gemm(*args, group_size, out_dtype)

@@ -47,12 +47,24 @@ def test_interpreter_matches_reference(m, form, split_k):
 def test_interpreter_stream_k(case):
     """Stream-K: programs that share a tile (first, middle and last shares, tiles split 1-3 ways,
     programs spanning a tile boundary, more programs than units) add up to the reference bits."""
-    m, n, k, group_size, per_sm, sms = [(1, 72, 384, -1, 1, 5), (3, 96, 512, 128, 2, 7), (17, 64, 256, 128, 1, 3),
-                                        (2, 40, 1024, -1, 3, 11), (1, 32, 128, -1, 1, 9)][case]
+    m, n, k, group_size, per_sm, sms = [
+        (1, 72, 384, -1, 1, 5),
+        (3, 96, 512, 128, 2, 7),
+        (17, 64, 256, 128, 1, 3),
+        (2, 40, 1024, -1, 3, 11),
+        (1, 32, 128, -1, 1, 9),
+    ][case]
     args = make_w4a8(m, n, k, group_size, per_token=case != 1, bias=case % 2 == 0)
     ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
     for fold in (0, 1) if group_size == 128 else (0,):
-        cfg = {"kernel": "mma_words", "BLOCK_M": 32 if m > 16 else 16, "BLOCK_N": 16 if case == 3 else 32, "STREAM": per_sm, "SMS": sms, "GS_FOLD": fold}
+        cfg = {
+            "kernel": "mma_words",
+            "BLOCK_M": 32 if m > 16 else 16,
+            "BLOCK_N": 16 if case == 3 else 32,
+            "STREAM": per_sm,
+            "SMS": sms,
+            "GS_FOLD": fold,
+        }
         assert_bitwise(run_w4a8_mma_words(*args, torch.bfloat16, config=cfg), ref)
 
 
@@ -96,15 +108,23 @@ def test_candidates_for_decode_only():
 def test_compiles_to_int8_wgmma_for_sm90():
     """The inline PTX assembles for Hopper with the installed Triton, and the MMA is the int8
     wgmma with the tokens as its N side (not a fallback to mma.sync)."""
-    cases = ["w4a8mw,-1,0,16,128,4", "w4a8mw,128,1,16,128,8", "w4a8mw,128,0,32,64,4", "w4a8mw,-1,1,64,256,8",
-             "w4a8mw,128,1,16,64,4,1", "w4a8mw,128,0,64,128,8,1",  # GS_FOLD
-             "w4a8mw,-1,0,16,128,8,0,1", "w4a8mw,128,0,16,64,4,1,1"]  # stream-K
+    cases = [
+        "w4a8mw,-1,0,16,128,4",
+        "w4a8mw,128,1,16,128,8",
+        "w4a8mw,128,0,32,64,4",
+        "w4a8mw,-1,1,64,256,8",
+        "w4a8mw,128,1,16,64,4,1",
+        "w4a8mw,128,0,64,128,8,1",  # GS_FOLD
+        "w4a8mw,-1,0,16,128,8,0,1",
+        "w4a8mw,128,0,16,64,4,1,1",
+    ]  # stream-K
     out = run_sm90_script("_compile_sm90.py", cases)
     for case, n in zip(cases, (16, 16, 32, 64, 16, 64, 16, 16)):
         assert f"compiled {case} mma m64n{n}k32.s32.s8.s8" in out
 
 
 # ---------------------------------------------------------------- GPU: the PTX unpack
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_size", [-1, 128])

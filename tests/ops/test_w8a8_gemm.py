@@ -25,7 +25,7 @@ def test_int8_accumulator_is_exact():
     old = _int_matmul._EXACT_FP32_CHUNK
     acc = torch.zeros(9, 17, dtype=torch.int32)
     for k0 in range(0, 3000, old):
-        acc += (a[:, k0:k0 + old].float() @ b[:, k0:k0 + old].float().T).to(torch.int32)
+        acc += (a[:, k0 : k0 + old].float() @ b[:, k0 : k0 + old].float().T).to(torch.int32)
     assert torch.equal(acc.long(), exact)
 
 

@@ -45,6 +45,7 @@ def assert_bitwise(out, ref):
 
 # --------------------------------------------------------------- CPU: Triton interpreter
 
+
 @pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_accumulator_exact(m, split_k):
@@ -99,16 +100,28 @@ def test_candidates_are_legal():
 
 
 def gemv8_cfg(bm, bn, bw, split, prefetch=0):
-    return {"kernel": "gemv8", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": split,
-            "num_warps": 4, "num_stages": 2, "DP4A_ASM": 0, "PREFETCH": prefetch}
+    return {
+        "kernel": "gemv8",
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_W": bw,
+        "SPLIT_K": split,
+        "num_warps": 4,
+        "num_stages": 2,
+        "DP4A_ASM": 0,
+        "PREFETCH": prefetch,
+    }
 
 
 # the dp4a GEMV (ops/w8a8_gemv.py) under the interpreter, dp4a spelled in shifts and masks
-@pytest.mark.parametrize("m,bm,split,prefetch,per_token,out_dtype", [
-    (1, 1, 1, 0, True, torch.bfloat16),
-    (2, 2, 3, 1, False, torch.float16),  # 384 / 3 = 128 k per split
-    (7, 4, 2, 1, True, torch.bfloat16),  # two token tiles, the second past M
-])
+@pytest.mark.parametrize(
+    "m,bm,split,prefetch,per_token,out_dtype",
+    [
+        (1, 1, 1, 0, True, torch.bfloat16),
+        (2, 2, 3, 1, False, torch.float16),  # 384 / 3 = 128 k per split
+        (7, 4, 2, 1, True, torch.bfloat16),  # two token tiles, the second past M
+    ],
+)
 def test_gemv8_matches_reference(m, bm, split, prefetch, per_token, out_dtype):
     xq, xs, wq, ws, b = make_w8a8(m, 40, 384, per_token=per_token, out_dtype=out_dtype)
     out = run_int8_gemm(xq, xs, wq, ws, None, b, out_dtype, w4=False, config=gemv8_cfg(bm, 32, 2, split, prefetch))
@@ -131,8 +144,8 @@ def test_gemv8_candidates_are_extra():
             new = candidate_configs(m, n, k, -1, 132, w4=False, gpu=True)
             assert new[: len(old)] == old
             tma = [dict(c, kernel="tma") for c in tma_configs(m, k)]  # the TMA kernel's (tests/ops/test_int8_gemm_tma.py), then the GEMV's
-            assert new[len(old): len(old) + len(tma)] == tma
-            extra = new[len(old) + len(tma):]
+            assert new[len(old) : len(old) + len(tma)] == tma
+            extra = new[len(old) + len(tma) :]
             assert bool(extra) == (m <= 8) and all(c["kernel"] == "gemv8" and gemv8_supported(k, c) for c in extra)
 
 
@@ -221,8 +234,9 @@ def test_shipped_configs_are_candidates(op):
     for key, cfg in table.items():
         name, gpu, mb, n, k, *gs = key.split("|")
         assert name == op and gpu == "NVIDIA_H200"
-        cands = candidate_configs(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4=op == "w4a8_gemm",
-                                  gpu=True)  # the GPU candidate space, GEMVs included
+        cands = candidate_configs(
+            int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4=op == "w4a8_gemm", gpu=True
+        )  # the GPU candidate space, GEMVs included
         assert cfg == normalize(cfg), key  # stored in the one spelling: "kernel" names the family
         norm = lambda c: c if c["kernel"] == "gemv" else dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0))  # noqa: E731 - the GEMV has no unpack switch
         assert any(norm(c) == norm(cfg) for c in cands), key

@@ -251,8 +251,9 @@ def test_tiled_words_half_planes_catches_swapped_planes():
     x, qw, s, z, b = make_problem(5, 32, 128, 4, 32, torch.bfloat16, asym=False, bias=False)
     swapped = ((qw & 0x0F) << 4) | (qw >> 4)  # k = 2j <-> 2j + 1
     with pytest.raises(AssertionError):
-        assert_close_to_ref(wna16_tiled_words(x, swapped, s, z, b, 4, 32, {**TILED_CFGS[0], "SWAP_AB": True, "HALF_PLANES": True}),
-                            x, qw, s, z, b, 4, 32)
+        assert_close_to_ref(
+            wna16_tiled_words(x, swapped, s, z, b, 4, 32, {**TILED_CFGS[0], "SWAP_AB": True, "HALF_PLANES": True}), x, qw, s, z, b, 4, 32
+        )
 
 
 @pytest.mark.parametrize("bits,m,k", [(4, 33, 104), (8, 2, 100)])  # K: whole words, not whole BLOCK_K tiles
@@ -323,7 +324,6 @@ def _shard() -> tuple[int, int]:
     shard = os.environ.get("QFUSE_GPU_SHARD", "0/1")
     idx, count = (int(v) for v in shard.split("/"))
     return idx, count
-
 
 
 _WEIGHTS: dict = {}
@@ -401,8 +401,12 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     join = '{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": true, "JOIN": true, "PLANES": 4, "num_warps": 4, "num_stages": 3}'
     assert is_experimental({"kernel": "tiled_planes", **json.loads(join)}, 4)
     assert not any(c.get("JOIN") for c in usable_configs(16, 4096, 4096, 4, -1))
-    cases = ["offered,4,bf16,-1,0,16,4096,4096", "offered,4,bf16,128,0,64,4096,4096", "offered,8,fp16,128,1,256,4096,4096",
-             f"planessass,bf16,-1,{join}"]  # M = 64: the WORDS TMA tiles offered there too
+    cases = [
+        "offered,4,bf16,-1,0,16,4096,4096",
+        "offered,4,bf16,128,0,64,4096,4096",
+        "offered,8,fp16,128,1,256,4096,4096",
+        f"planessass,bf16,-1,{join}",
+    ]  # M = 64: the WORDS TMA tiles offered there too
     lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
     offered = [line for line in lines if line.startswith("compiled offered,")]
     kinds = {f for line in offered for f in ("tiled_planes", "mma_words", "tiled_tma") if f'"kernel": "{f}"' in line}

@@ -210,7 +210,12 @@ def test_hfma2_tile_layout_in_the_sm90_sass(capfd):
     same tile on triton 3.6: 32 4-byte word loads and 8 LDS.128 a loop iteration)."""
     from qfuse.bench import sass
 
-    assert sass.main(["gemv_words", "--bits", "4", "--group", "128", "--config", json.dumps({"BLOCK_N": 32, "BLOCK_W": 128, "HFMA2": 2, "num_warps": 4})]) == 0
+    assert (
+        sass.main(
+            ["gemv_words", "--bits", "4", "--group", "128", "--config", json.dumps({"BLOCK_N": 32, "BLOCK_W": 128, "HFMA2": 2, "num_warps": 4})]
+        )
+        == 0
+    )
     line = next(li for li in capfd.readouterr().out.splitlines() if li.startswith("memory: "))
     loads = dict((name, int(n)) for name, n in (item.rsplit(" ", 1) for item in line.removeprefix("memory: ").split(", ")))
     assert loads.get("LDG.E.EF.128") == 8 and "LDG.E.EF" not in loads, loads  # 8 rows x 16 bytes
@@ -265,8 +270,10 @@ SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "n,k,group_size,asym",
-    _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]
-              + [(4096, 4096, g, asym) for g in (64, 32) for asym in (False, True)]),  # BLOCK_N = 256 / 512
+    _in_shard(
+        [(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]
+        + [(4096, 4096, g, asym) for g in (64, 32) for asym in (False, True)]
+    ),  # BLOCK_N = 256 / 512
 )
 def test_gpu_every_gemv_words_candidate_8bit(n, k, group_size, asym):
     dtype = (torch.bfloat16, torch.float16)[(asym + (group_size < 0)) % 2]  # every dtype x zero-point pair
@@ -288,8 +295,10 @@ def test_gemv_words_unaligned_weight_storage(bits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k,group_size,asym", _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)]
-                                                          + [(4096, 4096, 32, True), (4096, 4096, 64, False)]))
+@pytest.mark.parametrize(
+    "n,k,group_size,asym",
+    _in_shard([(n, k, g, asym) for n, k in SHAPES for g in (128, -1) for asym in (False, True)] + [(4096, 4096, 32, True), (4096, 4096, 64, False)]),
+)
 def test_gpu_every_hfma2_candidate(n, k, group_size, asym):
     """Every packed-bf16 (HFMA2) candidate of the dispatcher, W4A16 bf16 M = 1, at the real shapes."""
     x, qw, s, z, b = make_problem(1, n, k, 4, group_size, torch.bfloat16, asym, bias=asym, device="cuda")

@@ -22,6 +22,7 @@ CFG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
 
 # ---------------------------------------------------------------- CPU: Triton interpreter
 
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size,split_k", [(-1, 1), (32, 1), (64, 2), (-1, 3), (128, 2)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -35,8 +36,10 @@ def test_interpreter(bits, group_size, split_k, dtype, asym):
     assert_close_to_ref(out, x, qw, s, z, b, bits, group_size)
 
 
-@pytest.mark.parametrize("bits,group_size,asym,wave,tail_split", [(4, -1, True, 4, 2), (4, 64, False, 5, 3), (8, 32, True, 4, 2),
-                                                                   (8, -1, False, 7, 2), (4, 128, True, 6, 2)])
+@pytest.mark.parametrize(
+    "bits,group_size,asym,wave,tail_split",
+    [(4, -1, True, 4, 2), (4, 64, False, 5, 3), (8, 32, True, 4, 2), (8, -1, False, 7, 2), (4, 128, True, 6, 2)],
+)
 def test_interpreter_tail_split(bits, group_size, asym, wave, tail_split):
     """TAIL_SPLIT: 6 tiles, waves of ``wave`` programs: the tiles past the last whole wave run as
     ``tail_split`` K slices (wave 7: no whole wave, every tile is split; wave 6: no tail, plain)."""
@@ -174,12 +177,22 @@ def test_ptx_compiles_for_sm90_with_an_asynchronous_wgmma():
     loop); inside it, every wait leaves MMAs in flight. A change that makes Triton wait for
     every slice (a use of the accumulator in the loop, a weight operand stored to shared memory
     in the loop) fails here, on the CPU."""
-    cases = ["tma,bf16,128,0,1", "tma,fp16,-1,1,2", "tma,bf16,64,1,1", "tma,fp16,128,0,4", "tma,bf16,128,1,2,8", "tma,fp16,-1,0,1,8",
-             "tma,bf16,128,0,1,4,2", "tma,fp16,-1,1,1,8,3",  # TAIL_SPLIT
-             "bf16,2,1,0,1,1", "fp16,4,1,1,1,1",  # tiled_planes JOIN: the same loop, pointer-fed
-             "bf16,2,1,0,1"]  # control: tiled_planes without JOIN, whose loop is synchronous
+    cases = [
+        "tma,bf16,128,0,1",
+        "tma,fp16,-1,1,2",
+        "tma,bf16,64,1,1",
+        "tma,fp16,128,0,4",
+        "tma,bf16,128,1,2,8",
+        "tma,fp16,-1,0,1,8",
+        "tma,bf16,128,0,1,4,2",
+        "tma,fp16,-1,1,1,8,3",  # TAIL_SPLIT
+        "bf16,2,1,0,1,1",
+        "fp16,4,1,1,1,1",  # tiled_planes JOIN: the same loop, pointer-fed
+        "bf16,2,1,0,1",
+    ]  # control: tiled_planes without JOIN, whose loop is synchronous
     stdout = run_sm90_script("_compile_sm90.py", cases)
     assert stdout.count("compiled") == len(cases)
+
     def asynchronous(line: str) -> bool:
         # triton 3.6: 3,3,3,3,0 (a wait per K = 16 piece); 3.7.1: 1,1,0; a synchronous loop: 0 per slice
         waits = [int(w) for w in line.split(" waits ")[1].split(",") if w]
@@ -196,14 +209,24 @@ def test_sass_keeps_wgmmas_in_flight_and_their_registers_untouched():
     constant-zero accumulator caused) and never writes a register of one in flight (the hazard
     behind the 8-bit 8-warp tiles' wrong results on the H200). ops/wna16_tma.py, module docstring.
     The WORDS tiles keep wgmmas in flight within a K tile and drain them before the next one's values."""
-    cases = ["tmasass,8,bf16,128,0,256,128,64,8,3,2",  # the 8-bit tile that computed wrong results
-             "tmasass,8,fp16,-1,1,256,64,64,4,3,1", "tmasass,8,bf16,128,1,128,128,128,8,3,1", "tmasass,8,fp16,32,0,64,128,64,4,4,4",
-             "tmasass,4,bf16,128,0,256,128,64,8,4,1", "tmasass,4,fp16,-1,1,64,128,64,4,4,2", "tmasass,4,bf16,128,0,128,128,128,8,3,1",
-             "tmasass,4,bf16,64,1,64,256,64,8,4,1",
-             "tmasass,4,fp16,-1,1,16,128,128,4,4,2,1",  # WORDS (opt-in tile)
-             # WORDS, offered: the 256-token tiles of M bucket >= 128 and the 64-token ones of bucket 64
-             "tmasass,4,bf16,128,0,256,128,64,8,3,1,1", "tmasass,4,bf16,128,1,256,128,64,8,4,1,1", "tmasass,4,fp16,64,0,256,64,64,4,3,2,1",
-             "tmasass,4,bf16,-1,1,256,64,64,4,4,1,1", "tmasass,4,bf16,128,0,64,128,128,4,3,1,1", "tmasass,4,fp16,128,1,64,64,128,4,4,4,1"]
+    cases = [
+        "tmasass,8,bf16,128,0,256,128,64,8,3,2",  # the 8-bit tile that computed wrong results
+        "tmasass,8,fp16,-1,1,256,64,64,4,3,1",
+        "tmasass,8,bf16,128,1,128,128,128,8,3,1",
+        "tmasass,8,fp16,32,0,64,128,64,4,4,4",
+        "tmasass,4,bf16,128,0,256,128,64,8,4,1",
+        "tmasass,4,fp16,-1,1,64,128,64,4,4,2",
+        "tmasass,4,bf16,128,0,128,128,128,8,3,1",
+        "tmasass,4,bf16,64,1,64,256,64,8,4,1",
+        "tmasass,4,fp16,-1,1,16,128,128,4,4,2,1",  # WORDS (opt-in tile)
+        # WORDS, offered: the 256-token tiles of M bucket >= 128 and the 64-token ones of bucket 64
+        "tmasass,4,bf16,128,0,256,128,64,8,3,1,1",
+        "tmasass,4,bf16,128,1,256,128,64,8,4,1,1",
+        "tmasass,4,fp16,64,0,256,64,64,4,3,2,1",
+        "tmasass,4,bf16,-1,1,256,64,64,4,4,1,1",
+        "tmasass,4,bf16,128,0,64,128,128,4,3,1,1",
+        "tmasass,4,fp16,128,1,64,64,128,4,4,4,1",
+    ]
     lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
     assert len(lines) == len(cases)
     for line in lines:
@@ -254,11 +277,16 @@ def test_gpu_tail_split(bits, tail_split):
     """TAIL_SPLIT's two launches (whole waves, then the tail split along K) at the H200's own wave
     (one or two programs per SM) and at a short test wave, twice each (the tail's arrival counters
     are left zeroed), odd shapes included."""
-    for m, (n, k), group_size, dtype in ((256, (28672, 4096), 128, torch.bfloat16), (300, (1000, 2944), 64, torch.float16),
-                                         (512, (4096, 4096), -1, torch.bfloat16)):
+    for m, (n, k), group_size, dtype in (
+        (256, (28672, 4096), 128, torch.bfloat16),
+        (300, (1000, 2944), 64, torch.float16),
+        (512, (4096, 4096), -1, torch.bfloat16),
+    ):
         x, qw, s, z, b = make_problem(m, n, k, bits, group_size, dtype, asym=m != 256, bias=m != 512, device="cuda")
-        for tile in ({"BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "TAIL_WAVE": 1},
-                     {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "WAVE_PROGRAMS": 7}):
+        for tile in (
+            {"BLOCK_M": 256, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4, "TAIL_WAVE": 1},
+            {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "WAVE_PROGRAMS": 7},
+        ):
             cfg = {**tile, "BLOCK_K": 64, "SPLIT_K": 1, "TAIL_SPLIT": tail_split}
             for _ in range(2):
                 assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
@@ -271,10 +299,14 @@ def test_gpu_8bit_tiles_that_computed_wrong_results():
     (errors up to a third of the output's range), 8 warps at split 1 on an odd shape (NaN), and
     ``TAIL_SPLIT`` at 4 warps."""
     x, qw, s, z, b = make_problem(256, 512, 1024, 8, 128, torch.bfloat16, asym=False, bias=False, device="cuda")
-    for cfg in ({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3}):
+    for cfg in (
+        {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 8, "num_stages": 3},
+    ):
         assert_close_to_ref(wna16_tma(x, qw, s, z, b, 8, 128, cfg), x, qw, s, z, b, 8, 128)
     x, qw, s, z, b = make_problem(300, 1000, 2944, 8, 64, torch.float16, asym=True, bias=True, device="cuda")
-    for cfg in ({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3},
-                {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "TAIL_SPLIT": 2, "WAVE_PROGRAMS": 7, "num_warps": 4, "num_stages": 3}):
+    for cfg in (
+        {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M": 256, "BLOCK_N": 64, "BLOCK_K": 64, "TAIL_SPLIT": 2, "WAVE_PROGRAMS": 7, "num_warps": 4, "num_stages": 3},
+    ):
         assert_close_to_ref(wna16_tma(x, qw, s, z, b, 8, 64, cfg), x, qw, s, z, b, 8, 64)

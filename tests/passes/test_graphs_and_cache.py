@@ -41,7 +41,9 @@ class TestGraphs(expecttest.TestCase):
         unfused, fused, counts, rec = fused_vs_unfused(decoder_tail, _args())
         assert_same(unfused, fused)
         self.assertEqual({k: v for k, v in counts.items() if v}, {"dedup_quant": 2, "add_rms_norm_quant": 1, "rms_norm_quant": 1})
-        self.assertExpectedInline(rec.before.graphs[0], """\
+        self.assertExpectedInline(
+            rec.before.graphs[0],
+            """\
 v0 = aten.add.Tensor(in0, in1)
 v1 = qfuse.rms_norm(v0, in2, 1e-06)
 v2 = aten.reshape(v1, [-1, 32])
@@ -61,8 +63,11 @@ v15 = aten.reshape(v14, [-1, 32])
 v16 = qfuse.quant_per_token_int8(v15)
 v17 = getitem(v16, 0)
 v18 = getitem(v16, 1)
-return [v4, v5, v8, v9, v12, v13, v17, v18, v0]""")
-        self.assertExpectedInline(rec.after.graphs[0], """\
+return [v4, v5, v8, v9, v12, v13, v17, v18, v0]""",
+        )
+        self.assertExpectedInline(
+            rec.after.graphs[0],
+            """\
 v0 = qfuse.fused_add_rms_norm_quant(in0, in1, in2, 1e-06)
 v1 = getitem(v0, 0)
 v2 = getitem(v0, 1)
@@ -74,7 +79,8 @@ v7 = aten.reshape(v1, [-1, 32])
 v8 = aten.reshape(v2, [-1, 1])
 v9 = aten.reshape(v5, [-1, 32])
 v10 = aten.reshape(v6, [-1, 1])
-return [v7, v8, v7, v8, v7, v8, v9, v10, v3]""")
+return [v7, v8, v7, v8, v7, v8, v9, v10, v3]""",
+        )
 
 
 def _rms_quant(x, w):

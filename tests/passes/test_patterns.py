@@ -258,4 +258,3 @@ def test_passes_off_by_config():
     unfused, fused, counts, _ = fused_vs_unfused(f, args, config=cfg)
     assert fired(counts) == {}
     assert_same(unfused, fused)
-

@@ -147,8 +147,15 @@ def test_from_pretrained_peak_memory_is_about_the_quantized_size(tmp_path):
         pytest.skip("needs Linux's /proc/self/clear_refs to measure a peak")
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
-                                   num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=128)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        max_position_embeddings=128,
+    )
     with torch.device("meta"):
         skeleton = transformers.LlamaForCausalLM(cfg)
     float_bytes = sum(m.weight.numel() * 2 for n, m in skeleton.named_modules() if isinstance(m, nn.Linear) and n != "lm_head")
@@ -164,8 +171,7 @@ def test_from_pretrained_peak_memory_is_about_the_quantized_size(tmp_path):
     # A fixed mmap threshold: glibc's adaptive one keeps freed temporaries of up to 32 MB in the
     # heap, so RSS would count memory that is free (measured: 185-500 MB for the same load).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17), "MALLOC_ARENA_MAX": "2"}
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(tmp_path / "big"), str(tiny)], capture_output=True, text=True,
-                         check=True, env=env)
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(tmp_path / "big"), str(tiny)], capture_output=True, text=True, check=True, env=env)
     peak, held = (int(v) for v in out.stdout.split())
     print(f"float {float_bytes / 1e6:.0f} MB, held {held / 1e6:.0f} MB, peak rise {peak / 1e6:.0f} MB")
     # measured: held 108 MB, peak rise 159-161 MB (the held tensors, plus one layer's unpacking

@@ -106,18 +106,21 @@ def delete(*names):
     def fn(t):
         for name in names:
             del t[name]
+
     return fn
 
 
 def change(name, how):
     def fn(t):
         t[name] = how(t[name])
+
     return fn
 
 
 def add(name, value):
     def fn(t):
         t[name] = value
+
     return fn
 
 
@@ -154,11 +157,13 @@ def make_static(path: Path, scale: float = 0.02) -> None:
 def asymmetric_layer(path: Path, prefix: str, zero_point: torch.Tensor) -> None:
     """A W4A16 checkpoint -> ``prefix`` alone asymmetric (a second config group naming it, which
     wins over the ``Linear`` group) with ``zero_point`` as its weight_zero_point."""
+
     def fn(c):
         g = copy.deepcopy(group0(c))
         g["targets"] = [prefix]
         g["weights"]["symmetric"] = False
         c["quantization_config"]["config_groups"]["group_1"] = g
+
     edit_config(path, fn)
     edit_tensors(path, add(f"{prefix}.weight_zero_point", zero_point))
 
@@ -190,8 +195,7 @@ def skeleton(bases):
 
 
 def untouched(model) -> bool:
-    return not any(isinstance(m, qfuse.QuantLinear) for m in model.modules()) and all(
-        t.is_meta for t in model.state_dict().values())
+    return not any(isinstance(m, qfuse.QuantLinear) for m in model.modules()) and all(t.is_meta for t in model.state_dict().values())
 
 
 @pytest.fixture
@@ -225,19 +229,23 @@ def test_the_sharded_checkpoint_has_shards(bases):
 # ----------------------------------------------------------------------------- missing tensors
 
 
-@pytest.mark.parametrize(("kind", "leaf", "message"), [
-    ("w4", "weight_packed", f"{FILE}: layer {Q} has a weight_scale but neither weight_packed nor weight"),
-    ("w4", "weight_shape", f": tensor '{Q}.weight_shape' is missing (not in {FILE})"),
-    ("w4", "weight_scale", f"{FILE}: tensor '{Q}.weight_"),  # weight_packed or weight_shape, whichever comes first
-    ("w4", "weight_scale", f"is quantized data, but there is no '{Q}.weight_scale'"),
-    ("w8", "weight", f"{FILE}: layer {Q} has a weight_scale but neither weight_packed nor weight"),
-    ("w8", "weight_scale", f"{FILE}: tensor '{Q}.weight' (I8) is quantized data, but there is no '{Q}.weight_scale'"),
-])
+@pytest.mark.parametrize(
+    ("kind", "leaf", "message"),
+    [
+        ("w4", "weight_packed", f"{FILE}: layer {Q} has a weight_scale but neither weight_packed nor weight"),
+        ("w4", "weight_shape", f": tensor '{Q}.weight_shape' is missing (not in {FILE})"),
+        ("w4", "weight_scale", f"{FILE}: tensor '{Q}.weight_"),  # weight_packed or weight_shape, whichever comes first
+        ("w4", "weight_scale", f"is quantized data, but there is no '{Q}.weight_scale'"),
+        ("w8", "weight", f"{FILE}: layer {Q} has a weight_scale but neither weight_packed nor weight"),
+        ("w8", "weight_scale", f"{FILE}: tensor '{Q}.weight' (I8) is quantized data, but there is no '{Q}.weight_scale'"),
+    ],
+)
 def test_quantized_layer_tensor_deleted(ckpt, rejected, kind, leaf, message):
     path = ckpt(kind)
     edit_tensors(path, delete(f"{Q}.{leaf}"))
-    rejected(path, names(f"{path}{'/' if message.startswith(FILE) else ''}{message}") if message.startswith((FILE, ":"))
-             else names(path / FILE, message))
+    rejected(
+        path, names(f"{path}{'/' if message.startswith(FILE) else ''}{message}") if message.startswith((FILE, ":")) else names(path / FILE, message)
+    )
 
 
 def test_static_input_scale_deleted(ckpt, rejected):
@@ -264,34 +272,40 @@ def test_plain_tensor_deleted_leaves_a_given_model_untouched(ckpt, rejected):
 # ----------------------------------------------------------------------------- wrong shape or dtype
 
 
-@pytest.mark.parametrize(("kind", "name", "how", "message"), [
-    ("w4", f"{DOWN}.weight_scale", lambda t: t[:, :-1], f"{FILE}: layer {DOWN}: weight_scale has shape [256, 3], expected [256, 4]"),
-    ("w4", f"{DOWN}.weight_scale", lambda t: t[:-1], f"{FILE}: layer {DOWN}: weight_scale has shape [255, 4], expected [256, 4]"),
-    ("w4", f"{DOWN}.weight_scale", lambda t: t.reshape(-1), f"{FILE}: layer {DOWN}: weight_scale has shape [1024]"),
-    ("w4", f"{Q}.weight_packed", lambda t: t[:-1], f"{FILE}: tensor '{Q}.weight_packed' has shape [255, 32], but '{Q}.weight_shape' [256, 256]"),
-    ("w4", f"{Q}.weight_packed", lambda t: t[:, :-1], f"{FILE}: tensor '{Q}.weight_packed' has shape [256, 31]"),
-    ("w4", f"{Q}.weight_shape", lambda t: t[:1], f"{FILE}: tensor '{Q}.weight_shape' has shape [1], expected [2]"),
-    ("w4", NORM, lambda t: t[:-1], f"{FILE}: tensor '{NORM}' has shape [255], the model expects [256]"),
-    ("w4", "model.embed_tokens.weight", lambda t: t[:, :-8], f"{FILE}: tensor 'model.embed_tokens.weight' has shape [256, 248]"),
-    ("w8", f"{Q}.weight_scale", lambda t: t[:-1], f"{FILE}: layer {Q}: weight_scale has shape [255, 1], expected [256, 1] or [1]"),
-    ("w8", f"{Q}.weight_scale", lambda t: t.expand(-1, 2), f"{FILE}: layer {Q}: weight_scale has shape [256, 2]"),
-    ("w8", f"{Q}.weight", lambda t: t[:-1], f"/{FILE}: quantized layer {Q} is [255, 256], the model's Linear there is [256, 256]"),
-])
+@pytest.mark.parametrize(
+    ("kind", "name", "how", "message"),
+    [
+        ("w4", f"{DOWN}.weight_scale", lambda t: t[:, :-1], f"{FILE}: layer {DOWN}: weight_scale has shape [256, 3], expected [256, 4]"),
+        ("w4", f"{DOWN}.weight_scale", lambda t: t[:-1], f"{FILE}: layer {DOWN}: weight_scale has shape [255, 4], expected [256, 4]"),
+        ("w4", f"{DOWN}.weight_scale", lambda t: t.reshape(-1), f"{FILE}: layer {DOWN}: weight_scale has shape [1024]"),
+        ("w4", f"{Q}.weight_packed", lambda t: t[:-1], f"{FILE}: tensor '{Q}.weight_packed' has shape [255, 32], but '{Q}.weight_shape' [256, 256]"),
+        ("w4", f"{Q}.weight_packed", lambda t: t[:, :-1], f"{FILE}: tensor '{Q}.weight_packed' has shape [256, 31]"),
+        ("w4", f"{Q}.weight_shape", lambda t: t[:1], f"{FILE}: tensor '{Q}.weight_shape' has shape [1], expected [2]"),
+        ("w4", NORM, lambda t: t[:-1], f"{FILE}: tensor '{NORM}' has shape [255], the model expects [256]"),
+        ("w4", "model.embed_tokens.weight", lambda t: t[:, :-8], f"{FILE}: tensor 'model.embed_tokens.weight' has shape [256, 248]"),
+        ("w8", f"{Q}.weight_scale", lambda t: t[:-1], f"{FILE}: layer {Q}: weight_scale has shape [255, 1], expected [256, 1] or [1]"),
+        ("w8", f"{Q}.weight_scale", lambda t: t.expand(-1, 2), f"{FILE}: layer {Q}: weight_scale has shape [256, 2]"),
+        ("w8", f"{Q}.weight", lambda t: t[:-1], f"/{FILE}: quantized layer {Q} is [255, 256], the model's Linear there is [256, 256]"),
+    ],
+)
 def test_wrong_shape(ckpt, rejected, kind, name, how, message):
     path = ckpt(kind)
     edit_tensors(path, change(name, how))
     rejected(path, names(path / message) if message.startswith(FILE) else names(f"{path}{message}"))
 
 
-@pytest.mark.parametrize(("kind", "name", "dtype", "message"), [
-    ("w4", f"{Q}.weight_packed", torch.int64, "dtype int64, expected int32"),
-    ("w4", f"{Q}.weight_packed", torch.uint8, "dtype uint8, expected int32"),
-    ("w4", f"{Q}.weight_scale", torch.int32, "dtype int32, expected float16 or bfloat16 or float32"),
-    ("w4", f"{Q}.weight_shape", torch.float32, "dtype float32, expected int64 or int32"),
-    ("w8", f"{Q}.weight", torch.int32, "dtype int32, expected int8"),
-    ("w8", f"{Q}.weight", torch.bfloat16, "dtype bfloat16, expected int8"),
-    ("w8", f"{Q}.weight_scale", torch.int32, "dtype int32, expected float16 or bfloat16 or float32"),
-])
+@pytest.mark.parametrize(
+    ("kind", "name", "dtype", "message"),
+    [
+        ("w4", f"{Q}.weight_packed", torch.int64, "dtype int64, expected int32"),
+        ("w4", f"{Q}.weight_packed", torch.uint8, "dtype uint8, expected int32"),
+        ("w4", f"{Q}.weight_scale", torch.int32, "dtype int32, expected float16 or bfloat16 or float32"),
+        ("w4", f"{Q}.weight_shape", torch.float32, "dtype float32, expected int64 or int32"),
+        ("w8", f"{Q}.weight", torch.int32, "dtype int32, expected int8"),
+        ("w8", f"{Q}.weight", torch.bfloat16, "dtype bfloat16, expected int8"),
+        ("w8", f"{Q}.weight_scale", torch.int32, "dtype int32, expected float16 or bfloat16 or float32"),
+    ],
+)
 def test_wrong_dtype(ckpt, rejected, kind, name, dtype, message):
     path = ckpt(kind)
     edit_tensors(path, change(name, lambda t: t.to(dtype)))
@@ -308,40 +322,54 @@ def test_wrong_dtype_of_a_static_input_scale(ckpt, rejected):
 # ----------------------------------------------------------------------------- config: bits, strategies, types
 
 
-@pytest.mark.parametrize(("kind", "edit", "message"), [
-    ("w4", set_weights(num_bits=3), "weight_bits must be 4 or 8, got 3"),
-    ("w4", set_weights(num_bits=2), "weight_bits must be 4 or 8, got 2"),
-    ("w4", set_weights(num_bits=16), "weight_bits must be 4 or 8, got 16"),
-    ("w4", set_weights(num_bits=1), "weight_bits must be 4 or 8, got 1"),
-    ("w4", set_weights(num_bits="four"), "num_bits='four' and group_size=128 must be integers"),
-    ("w4", set_weights(num_bits=None), "num_bits=None"),
-    ("w8", set_weights(num_bits=3), "weight_bits must be 4 or 8, got 3"),
-    ("w8", set_weights(num_bits=16), "weight_bits must be 4 or 8, got 16"),
-    ("w4", set_weights(strategy="block", block_structure=[128, 128]), "weight strategy 'block' is not supported"),
-    ("w4", set_weights(strategy="token"), "weight strategy 'token' is not supported"),
-    ("w4", set_weights(strategy="tensor_group"), "weight strategy 'tensor_group' is not supported"),
-    ("w4", set_weights(type="float"), "only integer quantization is supported (got weights type 'float')"),
-    ("w4", set_weights(type="float", num_bits=8), "only integer quantization is supported"),
-    ("w8", set_activations(type="float"), "only integer quantization is supported"),
-    ("w8", set_activations(num_bits=4), "activations must be symmetric int8"),
-    ("w8", set_activations(symmetric=False), "activations must be symmetric int8"),
-    ("w8", set_activations(strategy="tensor", dynamic=True), "activation strategy 'tensor' with dynamic=True is not supported"),
-    ("w8", set_activations(strategy="group", group_size=128), "activation strategy 'group'"),
-    ("w8", set_weights(symmetric=False), "int8-activation layers need symmetric weights"),
-    ("w8", lambda c: group0(c).update(output_activations=group0(c)["input_activations"]), "output activation quantization is not supported"),
-])
+@pytest.mark.parametrize(
+    ("kind", "edit", "message"),
+    [
+        ("w4", set_weights(num_bits=3), "weight_bits must be 4 or 8, got 3"),
+        ("w4", set_weights(num_bits=2), "weight_bits must be 4 or 8, got 2"),
+        ("w4", set_weights(num_bits=16), "weight_bits must be 4 or 8, got 16"),
+        ("w4", set_weights(num_bits=1), "weight_bits must be 4 or 8, got 1"),
+        ("w4", set_weights(num_bits="four"), "num_bits='four' and group_size=128 must be integers"),
+        ("w4", set_weights(num_bits=None), "num_bits=None"),
+        ("w8", set_weights(num_bits=3), "weight_bits must be 4 or 8, got 3"),
+        ("w8", set_weights(num_bits=16), "weight_bits must be 4 or 8, got 16"),
+        ("w4", set_weights(strategy="block", block_structure=[128, 128]), "weight strategy 'block' is not supported"),
+        ("w4", set_weights(strategy="token"), "weight strategy 'token' is not supported"),
+        ("w4", set_weights(strategy="tensor_group"), "weight strategy 'tensor_group' is not supported"),
+        ("w4", set_weights(type="float"), "only integer quantization is supported (got weights type 'float')"),
+        ("w4", set_weights(type="float", num_bits=8), "only integer quantization is supported"),
+        ("w8", set_activations(type="float"), "only integer quantization is supported"),
+        ("w8", set_activations(num_bits=4), "activations must be symmetric int8"),
+        ("w8", set_activations(symmetric=False), "activations must be symmetric int8"),
+        ("w8", set_activations(strategy="tensor", dynamic=True), "activation strategy 'tensor' with dynamic=True is not supported"),
+        ("w8", set_activations(strategy="group", group_size=128), "activation strategy 'group'"),
+        ("w8", set_weights(symmetric=False), "int8-activation layers need symmetric weights"),
+        ("w8", lambda c: group0(c).update(output_activations=group0(c)["input_activations"]), "output activation quantization is not supported"),
+    ],
+)
 def test_unsupported_config(ckpt, rejected, kind, edit, message):
     path = ckpt(kind)
     edit_config(path, edit)
     rejected(path, names(path / "config.json", "layer model.layers.0.", message))
 
 
-@pytest.mark.parametrize(("kind", "edit", "message"), [
-    # bits the codes were not written with: caught by the tensors' shape or value range
-    ("w4", set_weights(num_bits=8), f"{FILE}: tensor '{DOWN}.weight_packed' has shape [256, 64], but '{DOWN}.weight_shape' [256, 512] with 8-bit codes needs [256, 128]"),
-    ("w8", set_weights(num_bits=4), f"{FILE}: layer {DOWN}: weight codes lie in"),
-    ("k320", set_weights(num_bits=4), f"{FILE}: tensor '{DOWN}.weight_packed' has shape [256, 80], but '{DOWN}.weight_shape' [256, 320] with 4-bit codes needs [256, 40]"),
-])
+@pytest.mark.parametrize(
+    ("kind", "edit", "message"),
+    [
+        # bits the codes were not written with: caught by the tensors' shape or value range
+        (
+            "w4",
+            set_weights(num_bits=8),
+            f"{FILE}: tensor '{DOWN}.weight_packed' has shape [256, 64], but '{DOWN}.weight_shape' [256, 512] with 8-bit codes needs [256, 128]",
+        ),
+        ("w8", set_weights(num_bits=4), f"{FILE}: layer {DOWN}: weight codes lie in"),
+        (
+            "k320",
+            set_weights(num_bits=4),
+            f"{FILE}: tensor '{DOWN}.weight_packed' has shape [256, 80], but '{DOWN}.weight_shape' [256, 320] with 4-bit codes needs [256, 40]",
+        ),
+    ],
+)
 def test_bits_disagreeing_with_the_tensors(ckpt, rejected, kind, edit, message):
     path = ckpt(kind)
     edit_config(path, edit)
@@ -351,16 +379,19 @@ def test_bits_disagreeing_with_the_tensors(ckpt, rejected, kind, edit, message):
 # ----------------------------------------------------------------------------- config: group size
 
 
-@pytest.mark.parametrize(("group_size", "message"), [
-    (96, "group_size must be -1, 32, 64 or 128, got 96"),  # divides neither 256 nor 512, and no kernel runs it
-    (100, "group_size must be -1, 32, 64 or 128, got 100"),
-    (256, "group_size must be -1, 32, 64 or 128, got 256"),  # divides K, but the kernels cannot run it
-    (16, "group_size must be -1, 32, 64 or 128, got 16"),
-    (None, "weight strategy 'group' needs a positive group_size, got None"),
-    (0, "weight strategy 'group' needs a positive group_size, got 0"),
-    (-1, "weight strategy 'group' needs a positive group_size, got -1"),
-    ("big", "group_size='big' must be integers"),
-])
+@pytest.mark.parametrize(
+    ("group_size", "message"),
+    [
+        (96, "group_size must be -1, 32, 64 or 128, got 96"),  # divides neither 256 nor 512, and no kernel runs it
+        (100, "group_size must be -1, 32, 64 or 128, got 100"),
+        (256, "group_size must be -1, 32, 64 or 128, got 256"),  # divides K, but the kernels cannot run it
+        (16, "group_size must be -1, 32, 64 or 128, got 16"),
+        (None, "weight strategy 'group' needs a positive group_size, got None"),
+        (0, "weight strategy 'group' needs a positive group_size, got 0"),
+        (-1, "weight strategy 'group' needs a positive group_size, got -1"),
+        ("big", "group_size='big' must be integers"),
+    ],
+)
 def test_group_size_the_kernels_cannot_run(ckpt, rejected, group_size, message):
     path = ckpt("w4")
     edit_config(path, set_weights(group_size=group_size))
@@ -373,11 +404,14 @@ def test_group_size_not_dividing_k(ckpt, rejected):
     rejected(path, names(path / FILE, f"layer {DOWN}: in_features=320 is not divisible by group_size=128"))
 
 
-@pytest.mark.parametrize(("kind", "group_size", "message"), [
-    ("w4", 64, f"layer {DOWN}: weight_scale has shape [256, 4], expected [256, 8]"),  # written with 128
-    ("w4", 32, f"layer {DOWN}: weight_scale has shape [256, 4], expected [256, 16]"),
-    ("k320", 64, f"layer {DOWN}: weight_scale has shape [256, 1], expected [256, 5]"),  # written per channel
-])
+@pytest.mark.parametrize(
+    ("kind", "group_size", "message"),
+    [
+        ("w4", 64, f"layer {DOWN}: weight_scale has shape [256, 4], expected [256, 8]"),  # written with 128
+        ("w4", 32, f"layer {DOWN}: weight_scale has shape [256, 4], expected [256, 16]"),
+        ("k320", 64, f"layer {DOWN}: weight_scale has shape [256, 1], expected [256, 5]"),  # written per channel
+    ],
+)
 def test_group_size_disagreeing_with_the_scales(ckpt, rejected, kind, group_size, message):
     path = ckpt(kind)
     edit_config(path, set_weights(strategy="group", group_size=group_size))
@@ -414,7 +448,7 @@ def test_truncated_safetensors(ckpt, rejected, how):
 def test_truncated_safetensors_names_the_tensor_cut_off(ckpt, rejected):
     path = ckpt("w4")
     file = path / FILE
-    header = json.loads(file.read_bytes()[8:8 + header_length(file)])
+    header = json.loads(file.read_bytes()[8 : 8 + header_length(file)])
     last = max((t for t in header if t != "__metadata__"), key=lambda t: header[t]["data_offsets"][1])
     cut(file, file.stat().st_size - 2)
     rejected(path, names(file, "truncated", f"tensor '{last}'"))
@@ -547,8 +581,9 @@ def test_one_layer_asymmetric_without_its_zero_points(ckpt, rejected):
     rejected(path, names(path / FILE, f"layer {Q}: the config says asymmetric but weight_zero_point is missing"))
 
 
-@pytest.mark.parametrize(("shape", "dtype"), [((256, 3), torch.int8), ((255, 2), torch.int8), ((32, 3), torch.int32),
-                                              ((256, 2), torch.int32), ((256, 2), torch.float16)])
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [((256, 3), torch.int8), ((255, 2), torch.int8), ((32, 3), torch.int32), ((256, 2), torch.int32), ((256, 2), torch.float16)]
+)
 def test_zero_points_of_the_wrong_shape_or_dtype(ckpt, rejected, shape, dtype):
     path = ckpt("w4")
     asymmetric_layer(path, Q, torch.zeros(shape, dtype=dtype))
@@ -594,17 +629,34 @@ def test_quantized_layer_where_the_model_has_no_linear(ckpt, rejected):
     rejected(path, names(path, "quantized layer model.layers.0.self_attn is [256, 256]", "not a linear layer"))
 
 
-@pytest.mark.parametrize(("kind", "name", "value", "message"), [
-    ("w4", "model.foo.weight", torch.zeros(3), "tensor 'model.foo.weight' belongs to no parameter or buffer of the model"),
-    ("w4", f"{Q}.weight_foo", torch.zeros(3), f"tensor '{Q}.weight_foo' belongs to no parameter or buffer of the model"),
-    ("w4", f"{Q}.weight", torch.zeros(256, 256, dtype=torch.bfloat16), f"tensor '{Q}.weight' is stored but the layer's weights are in weight_packed"),
-    ("w4", f"{Q}.weight_g_idx", torch.arange(256, dtype=torch.int32).flip(0) // 128, f"tensor '{Q}.weight_g_idx' is stored but the config sets no group actorder"),
-    ("w4", f"{Q}.input_scale", torch.ones(1), f"tensor '{Q}.input_scale' is stored but the config's activations are not static per-tensor"),
-    ("w8", f"{Q}.input_scale", torch.ones(1), f"tensor '{Q}.input_scale' is stored but the config's activations are not static per-tensor"),
-    ("w4", "model.layers.0.self_attn.x_proj.weight_packed", torch.zeros(4, 1, dtype=torch.int32),
-     "'model.layers.0.self_attn.x_proj.weight_packed' (I32) is quantized data, but there is no 'model.layers.0.self_attn.x_proj.weight_scale'"),
-    ("w4", "lm_head.weight_zero_point", torch.zeros(1, 1, dtype=torch.int32), "'lm_head.weight_zero_point' (I32) is quantized data"),
-])
+@pytest.mark.parametrize(
+    ("kind", "name", "value", "message"),
+    [
+        ("w4", "model.foo.weight", torch.zeros(3), "tensor 'model.foo.weight' belongs to no parameter or buffer of the model"),
+        ("w4", f"{Q}.weight_foo", torch.zeros(3), f"tensor '{Q}.weight_foo' belongs to no parameter or buffer of the model"),
+        (
+            "w4",
+            f"{Q}.weight",
+            torch.zeros(256, 256, dtype=torch.bfloat16),
+            f"tensor '{Q}.weight' is stored but the layer's weights are in weight_packed",
+        ),
+        (
+            "w4",
+            f"{Q}.weight_g_idx",
+            torch.arange(256, dtype=torch.int32).flip(0) // 128,
+            f"tensor '{Q}.weight_g_idx' is stored but the config sets no group actorder",
+        ),
+        ("w4", f"{Q}.input_scale", torch.ones(1), f"tensor '{Q}.input_scale' is stored but the config's activations are not static per-tensor"),
+        ("w8", f"{Q}.input_scale", torch.ones(1), f"tensor '{Q}.input_scale' is stored but the config's activations are not static per-tensor"),
+        (
+            "w4",
+            "model.layers.0.self_attn.x_proj.weight_packed",
+            torch.zeros(4, 1, dtype=torch.int32),
+            "'model.layers.0.self_attn.x_proj.weight_packed' (I32) is quantized data, but there is no 'model.layers.0.self_attn.x_proj.weight_scale'",
+        ),
+        ("w4", "lm_head.weight_zero_point", torch.zeros(1, 1, dtype=torch.int32), "'lm_head.weight_zero_point' (I32) is quantized data"),
+    ],
+)
 def test_extra_tensor(ckpt, rejected, kind, name, value, message):
     path = ckpt(kind)
     edit_tensors(path, add(name, value))
@@ -630,15 +682,20 @@ def test_unknown_quant_method(ckpt, rejected, method):
     rejected(path, names(path, f"quant_method {method!r} is not supported"))
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda c: c["quantization_config"].update(quantization_status="frozen"), "quantization_status is 'frozen'"),
-    (lambda c: c["quantization_config"].update(config_groups={}), "quantization_config has no config_groups"),
-    (lambda c: c["quantization_config"].update(sparsity_config={"format": "sparse-24"}), "sparsity_config is not supported"),
-    (lambda c: c["quantization_config"].update(kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme is not supported"),
-    (lambda c: c.update(qfuse_extension={"name": "someone.else"}), "unknown qfuse_extension 'someone.else'"),
-    (lambda c: c.update(qfuse_extension={"name": "qfuse.w4a8_integer_group_scale", "layers": [Q]}),
-     f"layer {Q}: qfuse.w4a8_integer_group_scale layers are dynamic W8A8 per-channel layers, this one is weight-only"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c["quantization_config"].update(quantization_status="frozen"), "quantization_status is 'frozen'"),
+        (lambda c: c["quantization_config"].update(config_groups={}), "quantization_config has no config_groups"),
+        (lambda c: c["quantization_config"].update(sparsity_config={"format": "sparse-24"}), "sparsity_config is not supported"),
+        (lambda c: c["quantization_config"].update(kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme is not supported"),
+        (lambda c: c.update(qfuse_extension={"name": "someone.else"}), "unknown qfuse_extension 'someone.else'"),
+        (
+            lambda c: c.update(qfuse_extension={"name": "qfuse.w4a8_integer_group_scale", "layers": [Q]}),
+            f"layer {Q}: qfuse.w4a8_integer_group_scale layers are dynamic W8A8 per-channel layers, this one is weight-only",
+        ),
+    ],
+)
 def test_other_config_problems(ckpt, rejected, edit, message):
     path = ckpt("w4")
     edit_config(path, edit)

@@ -33,7 +33,9 @@ def test_state_dict_round_trip():
     q = qfuse.QuantLinear.from_linear(lin, "W4A16_ASYM")
     sd = q.state_dict()
     assert set(sd) == {"qweight", "scales", "zeros", "bias"}
-    empty = qfuse.QuantLinear(256, 64, "W4A16_ASYM", {k: torch.empty_like(v) for k, v in sd.items() if k != "bias"}, torch.empty(64, dtype=torch.bfloat16))
+    empty = qfuse.QuantLinear(
+        256, 64, "W4A16_ASYM", {k: torch.empty_like(v) for k, v in sd.items() if k != "bias"}, torch.empty(64, dtype=torch.bfloat16)
+    )
     empty.load_state_dict(sd)
     x = torch.randn(3, 256).bfloat16()
     assert torch.equal(empty(x), q(x))

@@ -8,8 +8,11 @@ import qfuse
 def test_hf_rmsnorm_converted_exactly(arch):
     import transformers.models as M
 
-    cls = {"llama": M.llama.modeling_llama.LlamaRMSNorm, "qwen2": M.qwen2.modeling_qwen2.Qwen2RMSNorm,
-           "mistral": M.mistral.modeling_mistral.MistralRMSNorm}[arch]
+    cls = {
+        "llama": M.llama.modeling_llama.LlamaRMSNorm,
+        "qwen2": M.qwen2.modeling_qwen2.Qwen2RMSNorm,
+        "mistral": M.mistral.modeling_mistral.MistralRMSNorm,
+    }[arch]
     hf = cls(96, eps=1e-6).bfloat16()
     with torch.no_grad():
         hf.weight.uniform_(0.5, 1.5)

@@ -72,7 +72,10 @@ def test_ignore_patterns():
 def test_incompatible_layers_leave_model_unchanged():
     model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 96), nn.Linear(96, 8)).bfloat16()
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"cannot quantize 2 layer\(s\) with W4A16.*\n  1: in_features=64 is not divisible by group_size=128 of W4A16\n  2: in_features=96"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot quantize 2 layer\(s\) with W4A16.*\n  1: in_features=64 is not divisible by group_size=128 of W4A16\n  2: in_features=96",
+    ):
         qfuse.quantize_model(model, "W4A16", progress=False, group_fallback=False)
     assert all(type(m) is nn.Linear for m in model)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -175,7 +178,9 @@ def test_bare_linear_returns_a_quantlinear():
 def test_fp32_norms_rejected_up_front():
     model = nn.Sequential(nn.RMSNorm(128), nn.Linear(128, 128))
     types, state = _module_types(model), copy.deepcopy(model.state_dict())
-    with pytest.raises(TypeError, match=r"cannot quantize 2 layer\(s\).*\n  1: weight dtype torch.float32.*\n  0: RMSNorm weight dtype torch.float32"):
+    with pytest.raises(
+        TypeError, match=r"cannot quantize 2 layer\(s\).*\n  1: weight dtype torch.float32.*\n  0: RMSNorm weight dtype torch.float32"
+    ):
         qfuse.quantize_model(model, "W8A16", progress=False)
     _assert_unchanged(model, types, state)
     # bf16 Linears, a norm kept in float32: only the norm is named, and ignore keeps it as it is
@@ -249,7 +254,9 @@ def test_nan_or_inf_weight_named():
         model[1].weight[3, 5] = float("nan")
         model[2].weight[0, :2] = float("inf")
     types, state = _module_types(model), copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"cannot quantize 2 layer\(s\) with W4A8_G128.*\n  1: weight has 1 NaN/inf value\(s\).*\n  2: weight has 2 NaN/inf"):
+    with pytest.raises(
+        ValueError, match=r"cannot quantize 2 layer\(s\) with W4A8_G128.*\n  1: weight has 1 NaN/inf value\(s\).*\n  2: weight has 2 NaN/inf"
+    ):
         qfuse.quantize_model(model, "W4A8_G128", progress=False)
     _assert_unchanged(model, types, state)
 
@@ -278,7 +285,8 @@ def test_group_fallback_for_in_features_not_a_multiple_of_the_group(scheme):
     assert str(record[0].message) == (
         f"quantize_model: 12 of 14 layer(s) have in_features not divisible by group_size=128 of {scheme} and use the largest "
         f"group its op runs that divides them instead: 12 with group 64 ({FALLBACK[scheme]}, e.g. model.layers.0.self_attn.q_proj); "
-        "pass group_fallback=False to refuse these layers")
+        "pass group_fallback=False to refuse these layers"
+    )
     assert record[0].filename == __file__
     s = qfuse.get_scheme(scheme)
     fallback = make_scheme(s.weight_bits, s.act_bits, 64, s.symmetric)
@@ -307,8 +315,10 @@ def test_group_fallback_for_in_features_not_a_multiple_of_the_group(scheme):
     # opted out: the layers are refused, as before the fallback
     again = copy.deepcopy(base)
     types, state = _module_types(again), copy.deepcopy(again.state_dict())
-    refused = (rf"cannot quantize 12 layer\(s\) with {scheme} .*\n"
-               rf"  model.layers.0.self_attn.q_proj: in_features=320 is not divisible by group_size=128 of {scheme}\n")
+    refused = (
+        rf"cannot quantize 12 layer\(s\) with {scheme} .*\n"
+        rf"  model.layers.0.self_attn.q_proj: in_features=320 is not divisible by group_size=128 of {scheme}\n"
+    )
     with pytest.raises(ValueError, match=refused):
         qfuse.quantize_model(again, scheme, progress=False, group_fallback=False)
     _assert_unchanged(again, types, state)
@@ -323,8 +333,9 @@ def test_group_fallback_picks_the_largest_group_dividing_k():
     with pytest.warns(UserWarning) as record:
         qfuse.quantize_model(model, "W4A16_ASYM", progress=False)
     assert len(record) == 1
-    assert ("4 of 5 layer(s) have in_features not divisible by group_size=128 of W4A16_ASYM" in str(record[0].message)
-            and ": 2 with group 64 (W4A16_G64_ASYM, e.g. 0), 2 with group 32 (W4A16_G32_ASYM, e.g. 2);" in str(record[0].message))
+    assert "4 of 5 layer(s) have in_features not divisible by group_size=128 of W4A16_ASYM" in str(
+        record[0].message
+    ) and ": 2 with group 64 (W4A16_G64_ASYM, e.g. 0), 2 with group 32 (W4A16_G32_ASYM, e.g. 2);" in str(record[0].message)
     assert [m.scheme.name for m in model] == ["W4A16_G64_ASYM", "W4A16_G64_ASYM", "W4A16_G32_ASYM", "W4A16_G32_ASYM", "W4A16_ASYM"]
     assert [m.scheme.group_size for m in model] == [64, 64, 32, 32, 128]
     with torch.no_grad():
@@ -339,9 +350,12 @@ def test_no_group_dividing_k_still_raises_and_leaves_model_unchanged(recwarn):
     # K = 80 and 48: no group of 128, 64 or 32 divides them; K = 77 is odd (4-bit); K = 192 could fall back
     model = nn.Sequential(nn.Linear(192, 80), nn.Linear(80, 48), nn.Linear(48, 77), nn.Linear(77, 8)).bfloat16()
     types, state = _module_types(model), copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"cannot quantize 3 layer\(s\) with W4A16 .*\n"
-                       r"  1: in_features=80 is not divisible by group_size=128 of W4A16, nor by a smaller group size wna16_gemm runs \(64, 32\)\n"
-                       r"  2: in_features=48 is not divisible .*\(64, 32\)\n  3: in_features=77 must be even for 4-bit weights\n"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot quantize 3 layer\(s\) with W4A16 .*\n"
+        r"  1: in_features=80 is not divisible by group_size=128 of W4A16, nor by a smaller group size wna16_gemm runs \(64, 32\)\n"
+        r"  2: in_features=48 is not divisible .*\(64, 32\)\n  3: in_features=77 must be even for 4-bit weights\n",
+    ):
         qfuse.quantize_model(model, "W4A16", progress=False)
     _assert_unchanged(model, types, state)
     assert not recwarn.list  # nothing fell back: the call raised before

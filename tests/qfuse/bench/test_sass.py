@@ -20,17 +20,19 @@ def test_word_gemv_instructions_per_byte(capfd):
 
 
 def test_hot_loop_is_the_longest_backward_branch():
-    text = "\n".join([
-        "        /*0000*/  MOV R1, c[0x0][0x28] ;",
-        ".L_x_0:",
-        "        /*0010*/  FFMA R2, R3, R4, R2 ;",
-        "        /*0020*/  LOP3.LUT R5, R6, 0xf, RZ, 0xc0, !PT ;",
-        "        /*0030*/  @P0 BRA `(.L_x_0) ;",
-        ".L_x_1:",
-        "        /*0040*/  FADD R2, R2, R3 ;",
-        "        /*0050*/  @P1 BRA `(.L_x_1) ;",
-        "        /*0060*/  EXIT ;",
-    ])
+    text = "\n".join(
+        [
+            "        /*0000*/  MOV R1, c[0x0][0x28] ;",
+            ".L_x_0:",
+            "        /*0010*/  FFMA R2, R3, R4, R2 ;",
+            "        /*0020*/  LOP3.LUT R5, R6, 0xf, RZ, 0xc0, !PT ;",
+            "        /*0030*/  @P0 BRA `(.L_x_0) ;",
+            ".L_x_1:",
+            "        /*0040*/  FADD R2, R2, R3 ;",
+            "        /*0050*/  @P1 BRA `(.L_x_1) ;",
+            "        /*0060*/  EXIT ;",
+        ]
+    )
     loop = sass.hot_loop(text)
     assert [sass.opcode(line) for line in loop] == ["FFMA", "LOP3", "BRA"]
 
@@ -51,9 +53,15 @@ def test_bad_arguments_are_errors(capsys):
 def test_every_kernel_compiles_with_its_launchers_options():
     # bench sass compiles with the launcher's own defaults (num_stages changes the word GEMV's
     # code), read from each kernel module's LAUNCH_OPTIONS
-    cfgs = {"gemv_words": {"BLOCK_N": 32, "BLOCK_W": 64}, "mma_gemv": {}, "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
-            "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128}, "w4a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
-            "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128}, "w8a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32}}
+    cfgs = {
+        "gemv_words": {"BLOCK_N": 32, "BLOCK_W": 64},
+        "mma_gemv": {},
+        "tiled_planes": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+        "mma_words": {"BLOCK_M": 16, "BLOCK_N": 128},
+        "w4a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
+        "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128},
+        "w8a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
+    }
     for kernel, cfg in cfgs.items():
         fn = sass.kernel_spec(kernel, 4, 128, False, "bf16", cfg)[0]
         options = sass.launch_options(fn)
@@ -74,20 +82,22 @@ def test_tiled_tma_prints_its_wgmma_loop(capfd):
 def _wgmma_loop_text(first_wait: int, second_wait: int, top: str) -> str:
     """A loop of two HGMMAs (register A operands R8-R11 and R12-R15, accumulator R24-R27) whose
     first instruction is ``top``."""
-    return "\n".join([
-        ".L_x_0:",
-        f"        /*0100*/  {top} ;",
-        "        /*0110*/  WARPGROUP.ARRIVE ;",
-        "        /*0120*/  HGMMA.64x8x16.F32.BF16 R24, R8, gdesc[UR4], R24, gsb0 ;",
-        f"        /*0130*/  WARPGROUP.DEPBAR.LE gsb0, 0x{first_wait} ;",
-        "        /*0140*/  F2FP.BF16.F32.PACK_AB R12, R3, R2 ;",
-        "        /*0150*/  HGMMA.64x8x16.F32.BF16 R24, R12, gdesc[UR8], R24, gsb0 ;",
-        f"        /*0160*/  WARPGROUP.DEPBAR.LE gsb0, 0x{second_wait} ;",
-        "        /*0170*/  @P0 BRA `(.L_x_0) ;",
-        ".L_x_1:",  # an out-of-line barrier retry jumping back into the loop: a longer region
-        "        /*0180*/  @!P1 BRA `(.L_x_1) ;",
-        "        /*0190*/  BRA `(.L_x_0) ;",
-    ])
+    return "\n".join(
+        [
+            ".L_x_0:",
+            f"        /*0100*/  {top} ;",
+            "        /*0110*/  WARPGROUP.ARRIVE ;",
+            "        /*0120*/  HGMMA.64x8x16.F32.BF16 R24, R8, gdesc[UR4], R24, gsb0 ;",
+            f"        /*0130*/  WARPGROUP.DEPBAR.LE gsb0, 0x{first_wait} ;",
+            "        /*0140*/  F2FP.BF16.F32.PACK_AB R12, R3, R2 ;",
+            "        /*0150*/  HGMMA.64x8x16.F32.BF16 R24, R12, gdesc[UR8], R24, gsb0 ;",
+            f"        /*0160*/  WARPGROUP.DEPBAR.LE gsb0, 0x{second_wait} ;",
+            "        /*0170*/  @P0 BRA `(.L_x_0) ;",
+            ".L_x_1:",  # an out-of-line barrier retry jumping back into the loop: a longer region
+            "        /*0180*/  @!P1 BRA `(.L_x_1) ;",
+            "        /*0190*/  BRA `(.L_x_0) ;",
+        ]
+    )
 
 
 def test_wgmma_pipeline_finds_writes_to_registers_of_a_wgmma_in_flight():

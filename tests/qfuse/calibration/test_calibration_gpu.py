@@ -14,8 +14,15 @@ from tests.hf_models import tiny_hf_model
 
 pytestmark = pytest.mark.gpu
 
-RECIPES = {"W8A16": "gptq", "W4A16": "awq+gptq", "W4A16_ASYM": "awq+gptq", "W8A8": "sq+gptq", "W4A8": "sq+gptq",
-           "W4A8_G128": "sq+gptq", "W8A8_STATIC": "sq+gptq"}
+RECIPES = {
+    "W8A16": "gptq",
+    "W4A16": "awq+gptq",
+    "W4A16_ASYM": "awq+gptq",
+    "W8A8": "sq+gptq",
+    "W4A8": "sq+gptq",
+    "W4A8_G128": "sq+gptq",
+    "W8A8_STATIC": "sq+gptq",
+}
 # The int8 kernels are bit-exact to the reference, and the simulation's integer products are
 # exact in float32, so int8-activation logits agree up to the float32 order of the scale
 # products; weight-only ones differ by the bf16 kernels' accumulation order. A wrong layout,
@@ -29,8 +36,9 @@ def test_kernels_match_the_fake_quant_simulation(scheme):
     data = [torch.randint(0, 512, (8, 128), generator=torch.Generator().manual_seed(s)).cuda() for s in range(4)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the group fallback of K = 576
-        quantized, simulation = quantize_with_simulation(copy.deepcopy(base), scheme, calibration=RECIPES[scheme],
-                                                         calibration_data=data, progress=False)
+        quantized, simulation = quantize_with_simulation(
+            copy.deepcopy(base), scheme, calibration=RECIPES[scheme], calibration_data=data, progress=False
+        )
     ids = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(9)).cuda()
     with torch.inference_mode():
         a = quantized(ids).logits.float()

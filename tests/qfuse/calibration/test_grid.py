@@ -103,8 +103,10 @@ def test_codes_stay_in_the_grid(scheme):
     """rtn codes are integers in [qmin, qmax]; the range is the scheme's (two's complement for
     symmetric weight-only, [0, 2^b - 1] with zero points, +-127 for W8A8, [-8, 7] for W4A8)."""
     grid = WeightGrid(scheme, K, torch.float16)
-    expected = {(True, True): (-(1 << (scheme.weight_bits - 1)), (1 << (scheme.weight_bits - 1)) - 1),
-                (True, False): (0, (1 << scheme.weight_bits) - 1)}.get((scheme.weight_only, scheme.symmetric))
+    expected = {
+        (True, True): (-(1 << (scheme.weight_bits - 1)), (1 << (scheme.weight_bits - 1)) - 1),
+        (True, False): (0, (1 << scheme.weight_bits) - 1),
+    }.get((scheme.weight_only, scheme.symmetric))
     if expected is None:
         expected = (-127, 127) if scheme.weight_bits == 8 else (-8, 7)
     assert (grid.qmin, grid.qmax) == expected

@@ -66,8 +66,9 @@ def _calibrated(arch, scheme, recipe, outliers=True):
     static = qfuse.get_scheme(scheme).static_act
     calibration = None if recipe == "rtn" else recipe
     data = DATA if calibration is not None or static else None
-    model, simulation = quantize_with_simulation(copy.deepcopy(_base(arch, outliers)), scheme, progress=False,
-                                                 calibration=calibration, calibration_data=data)
+    model, simulation = quantize_with_simulation(
+        copy.deepcopy(_base(arch, outliers)), scheme, progress=False, calibration=calibration, calibration_data=data
+    )
     return model, simulation, logits(model, HELD_OUT), logits(simulation, HELD_OUT)
 
 
@@ -136,8 +137,9 @@ def _name(recipe):
 
 # Every scheme and recipe on llama; the accuracy tests' runs of qwen2 (biases in q/k/v) and mistral (free:
 # cached); W4A8_G128 with act order (int8 activations gathered by act_perm).
-SIMULATED = ([("llama", s, r) for s in [*qfuse.SCHEMES, "W8A8_STATIC"] for r in ("rtn", "gptq", _full_recipe(s))]
-             + [c for c in CASES if c[0] != "llama"])
+SIMULATED = [("llama", s, r) for s in [*qfuse.SCHEMES, "W8A8_STATIC"] for r in ("rtn", "gptq", _full_recipe(s))] + [
+    c for c in CASES if c[0] != "llama"
+]
 
 
 @pytest.mark.parametrize(("arch", "scheme", "recipe"), SIMULATED, ids=[f"{a}-{s}-{_name(r)}" for a, s, r in SIMULATED])
@@ -190,8 +192,11 @@ def _group_index(layer):
     return torch.empty(k, dtype=torch.long).index_copy_(0, layer.act_perm, torch.arange(k) // g)
 
 
-@pytest.mark.parametrize(("scheme", "recipe"), [("W8A8_STATIC", "rtn"), ("W4A8_G128", "sq+gptq"), ("W4A16", GROUP_ORDER)],
-                         ids=["W8A8_STATIC", "W4A8_G128-sq+gptq", "W4A16-act_order"])
+@pytest.mark.parametrize(
+    ("scheme", "recipe"),
+    [("W8A8_STATIC", "rtn"), ("W4A8_G128", "sq+gptq"), ("W4A16", GROUP_ORDER)],
+    ids=["W8A8_STATIC", "W4A8_G128-sq+gptq", "W4A16-act_order"],
+)
 def test_calibrated_model_saves_and_reloads(scheme, recipe, tmp_path):
     """save_quantized -> from_pretrained keeps input_scale and W4A8_G128's group scales: every buffer
     and the logits are identical. An act-order layer comes back with the same weight, g_idx and
@@ -239,15 +244,18 @@ def _all_float(model):
     return not any(isinstance(m, qfuse.QuantLinear) for m in model.modules())
 
 
-@pytest.mark.parametrize(("scheme", "kwargs", "match"), [
-    ("W4A16", {"calibration": "gptq"}, "needs calibration_data"),
-    ("W8A8", {"calibration_data": DATA}, "calibration_data was given but nothing uses it"),
-    ("W4A16", {"calibration": "sq", "calibration_data": DATA}, "SmoothQuant helps int8 activation"),
-    ("W8A8", {"calibration": "sq+foo", "calibration_data": DATA}, "unknown calibration step 'foo'"),
-    ("W8A8_STATIC", {}, "W8A8_STATIC .*needs calibration_data"),
-    ("W8A8", {"calibration": "gptq+gptq", "calibration_data": DATA}, "each step may appear once"),
-    ("W8A8", {"calibration": [GPTQ(), GPTQ(damp=0.1)], "calibration_data": DATA}, "each step may appear once"),
-])
+@pytest.mark.parametrize(
+    ("scheme", "kwargs", "match"),
+    [
+        ("W4A16", {"calibration": "gptq"}, "needs calibration_data"),
+        ("W8A8", {"calibration_data": DATA}, "calibration_data was given but nothing uses it"),
+        ("W4A16", {"calibration": "sq", "calibration_data": DATA}, "SmoothQuant helps int8 activation"),
+        ("W8A8", {"calibration": "sq+foo", "calibration_data": DATA}, "unknown calibration step 'foo'"),
+        ("W8A8_STATIC", {}, "W8A8_STATIC .*needs calibration_data"),
+        ("W8A8", {"calibration": "gptq+gptq", "calibration_data": DATA}, "each step may appear once"),
+        ("W8A8", {"calibration": [GPTQ(), GPTQ(damp=0.1)], "calibration_data": DATA}, "each step may appear once"),
+    ],
+)
 def test_bad_calibration_arguments(scheme, kwargs, match):
     """Each misuse raises a ValueError saying what is wrong, before the model changes."""
     model = copy.deepcopy(_base("llama"))

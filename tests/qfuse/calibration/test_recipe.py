@@ -7,8 +7,18 @@ from qfuse.calibration.recipe import check_recipe
 from qfuse.schemes import SCHEMES
 
 
-@pytest.mark.parametrize(("recipe", "name"), [(None, "rtn"), ("rtn", "rtn"), ("gptq", "gptq"), ("GPTQ + SQ", "sq+gptq"),
-                                              ("gptq+awq", "awq+gptq"), ("smoothquant+gptq", "sq+gptq"), ("rtn+awq", "awq")])
+@pytest.mark.parametrize(
+    ("recipe", "name"),
+    [
+        (None, "rtn"),
+        ("rtn", "rtn"),
+        ("gptq", "gptq"),
+        ("GPTQ + SQ", "sq+gptq"),
+        ("gptq+awq", "awq+gptq"),
+        ("smoothquant+gptq", "sq+gptq"),
+        ("rtn+awq", "awq"),
+    ],
+)
 def test_names_parse_into_steps_in_running_order(recipe, name):
     """Names are case- and space-insensitive, "rtn" adds nothing, and steps always run SmoothQuant, AWQ, GPTQ."""
     assert recipe_name(parse_recipe(recipe)) == name
@@ -22,10 +32,15 @@ def test_step_objects_keep_their_options():
     assert steps[0] == SmoothQuant() and steps[1] is gptq
 
 
-@pytest.mark.parametrize(("recipe", "error", "match"), [("foo", ValueError, "unknown calibration step 'foo'"),
-                                                        ("gptq+GPTQ", ValueError, "each step may appear once"),
-                                                        (["sq", SmoothQuant(alpha=0.8)], ValueError, "each step may appear once"),
-                                                        ([3], TypeError, "calibration steps are")])
+@pytest.mark.parametrize(
+    ("recipe", "error", "match"),
+    [
+        ("foo", ValueError, "unknown calibration step 'foo'"),
+        ("gptq+GPTQ", ValueError, "each step may appear once"),
+        (["sq", SmoothQuant(alpha=0.8)], ValueError, "each step may appear once"),
+        ([3], TypeError, "calibration steps are"),
+    ],
+)
 def test_bad_recipes(recipe, error, match):
     """Unknown names, repeated steps and objects that are no step are refused."""
     with pytest.raises(error, match=match):

@@ -29,8 +29,9 @@ def _ppl(setup, scheme, recipe):
     base, windows, data, _ = setup
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the group fallback of K = 576
-        quantized, simulation = quantize_with_simulation(copy.deepcopy(base), scheme, calibration=recipe,
-                                                         calibration_data=data if recipe else None, progress=False)
+        quantized, simulation = quantize_with_simulation(
+            copy.deepcopy(base), scheme, calibration=recipe, calibration_data=data if recipe else None, progress=False
+        )
     return perplexity(quantized, windows, progress=False).ppl, perplexity(simulation, windows, progress=False).ppl
 
 

@@ -50,8 +50,26 @@ def test_eval_of_the_simulation_prints_the_kernels_perplexity(float_model_dir, s
 
 def test_table_writes_csv_markdown_and_rows(float_model_dir, sample_text, tmp_path, capsys):
     out = tmp_path / "table"
-    text = _run(capsys, "eval", float_model_dir, "--ppl", "--text", sample_text, *EVAL, *SMALL, "--table",
-                "--schemes", "W8A8", "W4A16", "--recipes", "rtn", "sq", "gptq", "--out", out)
+    text = _run(
+        capsys,
+        "eval",
+        float_model_dir,
+        "--ppl",
+        "--text",
+        sample_text,
+        *EVAL,
+        *SMALL,
+        "--table",
+        "--schemes",
+        "W8A8",
+        "W4A16",
+        "--recipes",
+        "rtn",
+        "sq",
+        "gptq",
+        "--out",
+        out,
+    )
     assert "wrote" in text
     base, rows = read_rows(out / "accuracy.csv")
     assert [(r.scheme, r.recipe) for r in rows] == [("W8A8", "rtn"), ("W8A8", "sq"), ("W8A8", "gptq"), ("W4A16", "rtn"), ("W4A16", "gptq")]
@@ -61,12 +79,15 @@ def test_table_writes_csv_markdown_and_rows(float_model_dir, sample_text, tmp_pa
     assert md.count("\n| W8A8 |") == 3 and "float model: ppl" in md
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (("--calibration", "gptq"), "need --scheme"),
-    (("--table",), "--table needs --out"),
-    (("--scheme", "W4A16", "--calibration", "foo"), "unknown calibration step 'foo'"),
-    (("--scheme", "W4A16", "--calibration", "sq"), "SmoothQuant helps int8 activation"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--calibration", "gptq"), "need --scheme"),
+        (("--table",), "--table needs --out"),
+        (("--scheme", "W4A16", "--calibration", "foo"), "unknown calibration step 'foo'"),
+        (("--scheme", "W4A16", "--calibration", "sq"), "SmoothQuant helps int8 activation"),
+    ],
+)
 def test_eval_errors_are_one_line(float_model_dir, argv, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
         main(["eval", str(float_model_dir), "--ppl", *argv])

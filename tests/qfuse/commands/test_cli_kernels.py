@@ -6,13 +6,16 @@ import pytest
 from qfuse import cli
 
 
-@pytest.mark.parametrize(("args", "picked", "source", "refused"), [
-    (["1", "4096", "4096", "W4A16"], "'kernel': 'gemv_words'", "shipped table", "dequant_mm"),
-    (["16", "28672", "4096", "W4A8_G128"], "'kernel': 'mma_words'", "shipped table", "gemv "),
-    (["2048", "4096", "14336", "W8A8"], "'kernel': 'tma'", "shipped table", "gemv8"),
-    (["1", "1536", "576", "W4A8_G64"], "'kernel': 'tile'", "untuned heuristic", "mma_words"),
-    (["300", "1536", "576", "W4A16_G64_ASYM", "--no-tma"], "'kernel': 'tiled'", "untuned heuristic", "tiled_tma"),
-])
+@pytest.mark.parametrize(
+    ("args", "picked", "source", "refused"),
+    [
+        (["1", "4096", "4096", "W4A16"], "'kernel': 'gemv_words'", "shipped table", "dequant_mm"),
+        (["16", "28672", "4096", "W4A8_G128"], "'kernel': 'mma_words'", "shipped table", "gemv "),
+        (["2048", "4096", "14336", "W8A8"], "'kernel': 'tma'", "shipped table", "gemv8"),
+        (["1", "1536", "576", "W4A8_G64"], "'kernel': 'tile'", "untuned heuristic", "mma_words"),
+        (["300", "1536", "576", "W4A16_G64_ASYM", "--no-tma"], "'kernel': 'tiled'", "untuned heuristic", "tiled_tma"),
+    ],
+)
 def test_explain_prints_considered_refused_and_picked(capsys, monkeypatch, tmp_path, args, picked, source, refused):
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))  # no user cache in the way
     assert cli.main(["kernels", "--explain", *args[:4], *args[4:], "--gpu", "NVIDIA_H200"]) == 0
@@ -33,12 +36,15 @@ def test_explain_takes_the_user_cache_first(capsys, monkeypatch, tmp_path):
     assert "the user cache" in out and "'BLOCK_M': 128" in out
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["1", "4096", "4096", "W3A16"], "unknown scheme"),
-    (["1", "4096", "4000", "W4A16"], "not divisible"),
-    (["x", "4096", "4096", "W4A16"], "must be integers"),
-    (["0", "4096", "4096", "W4A16"], "positive"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["1", "4096", "4096", "W3A16"], "unknown scheme"),
+        (["1", "4096", "4000", "W4A16"], "not divisible"),
+        (["x", "4096", "4096", "W4A16"], "must be integers"),
+        (["0", "4096", "4096", "W4A16"], "positive"),
+    ],
+)
 def test_explain_errors_in_one_line(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(["kernels", "--explain", *args])

@@ -187,8 +187,14 @@ def _save(path: Path, tensors: dict[str, Tensor], config: dict, side_config: tup
         (path / side_config[0]).write_text(json.dumps(side_config[1], indent=2))
 
 
-def write_awq_layers(path: Path, layers: dict[str, SpecLayer], group_size: int, extra_tensors: dict[str, Tensor] | None = None,
-                     config_style: str = "config.json", version: str = "gemm") -> None:
+def write_awq_layers(
+    path: Path,
+    layers: dict[str, SpecLayer],
+    group_size: int,
+    extra_tensors: dict[str, Tensor] | None = None,
+    config_style: str = "config.json",
+    version: str = "gemm",
+) -> None:
     """Store already-quantized layers as an AutoAWQ GEMM checkpoint (reference 1.2)."""
     tensors = dict(extra_tensors or {})
     for prefix, layer in layers.items():
@@ -196,8 +202,7 @@ def write_awq_layers(path: Path, layers: dict[str, SpecLayer], group_size: int, 
         tensors[f"{prefix}.qzeros"] = awq_pack(layer.zeros)  # [K/G, N/8]
         tensors[f"{prefix}.scales"] = layer.scales  # [K/G, N]
     if config_style == "config.json":  # transformers' AwqConfig
-        qc = {"quant_method": "awq", "zero_point": True, "group_size": group_size, "bits": 4,
-              "version": version, "modules_to_not_convert": None}
+        qc = {"quant_method": "awq", "zero_point": True, "group_size": group_size, "bits": 4, "version": version, "modules_to_not_convert": None}
         _save(Path(path), tensors, {**MODEL_CONFIG, "quantization_config": qc}, None)
     elif config_style == "quant_config.json":  # older AutoAWQ: its own key names, no quant_method
         qc = {"zero_point": True, "q_group_size": group_size, "w_bit": 4, "version": version.upper()}
@@ -206,17 +211,29 @@ def write_awq_layers(path: Path, layers: dict[str, SpecLayer], group_size: int, 
         raise ValueError(config_style)
 
 
-def write_awq(path: Path, layers: dict[str, Tensor], group_size: int, extra_tensors: dict[str, Tensor] | None = None,
-              config_style: str = "config.json") -> dict[str, SpecLayer]:
+def write_awq(
+    path: Path, layers: dict[str, Tensor], group_size: int, extra_tensors: dict[str, Tensor] | None = None, config_style: str = "config.json"
+) -> dict[str, SpecLayer]:
     """Quantize float weights ``[N, K]`` the AutoAWQ way and write the checkpoint."""
     quantized = {prefix: awq_quantize(w, group_size) for prefix, w in layers.items()}
     write_awq_layers(path, quantized, group_size, extra_tensors, config_style)
     return quantized
 
 
-def write_gptq_layers(path: Path, layers: dict[str, SpecLayer], *, bits: int, group_size: int, sym: bool, fmt: str,
-                      desc_act: bool, config_style: str = "config.json", extra_tensors: dict[str, Tensor] | None = None,
-                      dynamic: dict | None = None, format_key: str = "checkpoint_format") -> None:
+def write_gptq_layers(
+    path: Path,
+    layers: dict[str, SpecLayer],
+    *,
+    bits: int,
+    group_size: int,
+    sym: bool,
+    fmt: str,
+    desc_act: bool,
+    config_style: str = "config.json",
+    extra_tensors: dict[str, Tensor] | None = None,
+    dynamic: dict | None = None,
+    format_key: str = "checkpoint_format",
+) -> None:
     """Store already-quantized layers as a GPTQ checkpoint (reference 2.2, 2.4, 2.5); each
     layer is packed with its own bits (a ``dynamic`` override may differ from ``bits``)."""
     assert fmt in ("gptq", "gptq_v2")
@@ -226,8 +243,16 @@ def write_gptq_layers(path: Path, layers: dict[str, SpecLayer], *, bits: int, gr
         tensors[f"{prefix}.qzeros"] = gptq_stored_zeros(layer.zeros, layer.bits, fmt)
         tensors[f"{prefix}.scales"] = layer.scales
         tensors[f"{prefix}.g_idx"] = layer.g_idx.to(torch.int32)  # always written, act-order or not
-    qc = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym, "damp_percent": 0.01,
-          "static_groups": False, "true_sequential": True, format_key: fmt}
+    qc = {
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": sym,
+        "damp_percent": 0.01,
+        "static_groups": False,
+        "true_sequential": True,
+        format_key: fmt,
+    }
     if dynamic is not None:
         qc["dynamic"] = dynamic
     if config_style == "config.json":  # transformers / GPTQModel
@@ -238,10 +263,21 @@ def write_gptq_layers(path: Path, layers: dict[str, SpecLayer], *, bits: int, gr
         raise ValueError(config_style)
 
 
-def write_gptq(path: Path, layers: dict[str, Tensor], *, bits: int, group_size: int, sym: bool, fmt: str = "gptq",
-               desc_act: bool = False, config_style: str = "config.json", extra_tensors: dict[str, Tensor] | None = None,
-               overrides: dict[str, dict] | None = None, dynamic: dict | None = None,
-               format_key: str = "checkpoint_format") -> dict[str, SpecLayer]:
+def write_gptq(
+    path: Path,
+    layers: dict[str, Tensor],
+    *,
+    bits: int,
+    group_size: int,
+    sym: bool,
+    fmt: str = "gptq",
+    desc_act: bool = False,
+    config_style: str = "config.json",
+    extra_tensors: dict[str, Tensor] | None = None,
+    overrides: dict[str, dict] | None = None,
+    dynamic: dict | None = None,
+    format_key: str = "checkpoint_format",
+) -> dict[str, SpecLayer]:
     """Quantize float weights ``[N, K]`` the GPTQ way and write the checkpoint.
 
     ``overrides``: per-layer ``{"bits", "group_size"}`` the layer is quantized with instead (the
@@ -255,8 +291,19 @@ def write_gptq(path: Path, layers: dict[str, Tensor], *, bits: int, group_size: 
         g_idx = act_order_g_idx(k, args["group_size"]) if desc_act else natural_g_idx(k, args["group_size"])
         min_zero = 1 if fmt == "gptq" and not sym else 0
         quantized[prefix] = gptq_quantize(w, args["bits"], args["group_size"], sym, g_idx, min_zero)
-    write_gptq_layers(path, quantized, bits=bits, group_size=group_size, sym=sym, fmt=fmt, desc_act=desc_act,
-                      config_style=config_style, extra_tensors=extra_tensors, dynamic=dynamic, format_key=format_key)
+    write_gptq_layers(
+        path,
+        quantized,
+        bits=bits,
+        group_size=group_size,
+        sym=sym,
+        fmt=fmt,
+        desc_act=desc_act,
+        config_style=config_style,
+        extra_tensors=extra_tensors,
+        dynamic=dynamic,
+        format_key=format_key,
+    )
     return quantized
 
 
@@ -289,8 +336,7 @@ def random_weight(n: int, k: int) -> Tensor:
     return (torch.randn(n, k) * k**-0.5).half()
 
 
-def model_for(shapes: dict[str, tuple[int, int, bool]], extra: dict[str, Tensor] | None = None,
-              device: str = "cpu") -> nn.Module:
+def model_for(shapes: dict[str, tuple[int, int, bool]], extra: dict[str, Tensor] | None = None, device: str = "cpu") -> nn.Module:
     """An ``nn.Module`` tree with an fp16 ``nn.Linear(K, N, bias)`` at each dotted name of
     ``shapes`` (``{name: (N, K, bias)}``) and an ``nn.Embedding`` for each ``<name>.weight`` of
     ``extra`` (the checkpoint's unquantized tensors); ``device="meta"`` builds a skeleton."""

@@ -120,7 +120,7 @@ def _ct_decompress_files(path: Path) -> dict[str, torch.Tensor]:
         scheme = target_to_scheme[targets[0]]
         compressor = BaseCompressor.get_value_from_registry(scheme.format or qc.format)
         assert issubclass(compressor, (PackedQuantizationCompressor, NaiveQuantizationCompressor)), compressor
-        local = {n[len(p) + 1:]: t for n, t in tensors.items() if n.startswith(p + ".") and "." not in n[len(p) + 1:]}
+        local = {n[len(p) + 1 :]: t for n, t in tensors.items() if n.startswith(p + ".") and "." not in n[len(p) + 1 :]}
         out[p] = compressor.decompress(local, scheme)["weight"]
     return out
 
@@ -155,15 +155,25 @@ CT_CASES = {
     "W4A16_actorder_weight": ({"group_0": (LINEAR, dict(G128_SYM, actorder="weight"), None)}, "W4A16"),
     "W8A8_tensor_weights_static": ({"group_0": (LINEAR, dict(CHANNEL8, strategy="tensor"), TENSOR_STATIC)}, "W8A8_STATIC"),
     # one zero point per layer (stored unpacked): qfuse drops one that is 0 (the symmetric path computes the same)
-    "W4A16_tensor_asym": ({"group_0": (LINEAR, dict(num_bits=4, symmetric=False, strategy="tensor"), None)},
-                          ("W4A16_CH_ASYM", "W4A16_CH")),
+    "W4A16_tensor_asym": ({"group_0": (LINEAR, dict(num_bits=4, symmetric=False, strategy="tensor"), None)}, ("W4A16_CH_ASYM", "W4A16_CH")),
     "W4A8_channel": ({"group_0": (LINEAR, dict(num_bits=4, symmetric=True, strategy="channel"), TOKEN_DYNAMIC)}, "W4A8"),
     # mixed-precision: an exact name beats a regex, a regex beats a class name, whatever the group order
-    "mixed_precision": ({"group_0": (["re:.*mlp.*"], G128_ASYM, None),
-                         "group_1": (["model.layers.0.mlp.down_proj"], CHANNEL8, TOKEN_DYNAMIC),
-                         "group_2": (LINEAR, G128_SYM, None)},
-                        {"down_proj": "W8A8", "gate_proj": "W4A16_ASYM", "up_proj": "W4A16_ASYM",
-                         "q_proj": "W4A16", "k_proj": "W4A16", "v_proj": "W4A16", "o_proj": "W4A16"}),
+    "mixed_precision": (
+        {
+            "group_0": (["re:.*mlp.*"], G128_ASYM, None),
+            "group_1": (["model.layers.0.mlp.down_proj"], CHANNEL8, TOKEN_DYNAMIC),
+            "group_2": (LINEAR, G128_SYM, None),
+        },
+        {
+            "down_proj": "W8A8",
+            "gate_proj": "W4A16_ASYM",
+            "up_proj": "W4A16_ASYM",
+            "q_proj": "W4A16",
+            "k_proj": "W4A16",
+            "v_proj": "W4A16",
+            "o_proj": "W4A16",
+        },
+    ),
 }
 ACTORDER = "W4A16_actorder_group"
 # compressed-tensors' W4A8 preset: float group scales, which qfuse's W4A8 kernels cannot run exactly
@@ -232,9 +242,12 @@ def _write_ct_checkpoint(case: str, path: Path) -> dict:
                 m.weight.data = m.weight.data[:, perms[name]].contiguous()
     static = any(a is not None and not a["dynamic"] for _, _, a in groups.values())
     amax = _input_amax(model, ids) if static else {}
-    qconfig = QuantizationConfig(config_groups={
-        g: QuantizationScheme(targets=t, weights=_args(**w), input_activations=_args(**a) if a else None)
-        for g, (t, w, a) in groups.items()}, ignore=["lm_head"])
+    qconfig = QuantizationConfig(
+        config_groups={
+            g: QuantizationScheme(targets=t, weights=_args(**w), input_activations=_args(**a) if a else None) for g, (t, w, a) in groups.items()
+        },
+        ignore=["lm_head"],
+    )
     apply_quantization_config(model, qconfig, show_progress=False)
     quantized = {n: m for n, m in model.named_modules() if getattr(m, "quantization_scheme", None) is not None}
     assert len(quantized) == 7
@@ -448,8 +461,7 @@ def test_qfuse_checkpoint_decompresses_with_compressed_tensors(qfuse_saved, sche
         assert torch.equal(ct_weights[name], dq), name
 
     # (c) transformers + compressed-tensors (decompressed on load) holds the same weights
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path, quantization_config=transformers.CompressedTensorsConfig(run_compressed=False))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=transformers.CompressedTensorsConfig(run_compressed=False))
     for name, layer in layers.items():
         w = hf.get_submodule(name).weight.detach()
         assert w.dtype == BF16  # transformers casts the decompressed weight to the model's dtype

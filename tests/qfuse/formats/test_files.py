@@ -62,8 +62,7 @@ def test_write_shards_past_max_shard_size_with_an_index(tmp_path):
     assert [p.name for p in written] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     assert index["metadata"]["total_size"] == 5 * 256
-    assert index["weight_map"] == {"t0": written[0].name, "t1": written[0].name, "t2": written[1].name,
-                                   "t3": written[1].name, "t4": written[2].name}
+    assert index["weight_map"] == {"t0": written[0].name, "t1": written[0].name, "t2": written[1].name, "t3": written[1].name, "t4": written[2].name}
     files = CheckpointFiles(tmp_path)
     assert {n: p.name for n, p in files.file_of.items()} == index["weight_map"]
     assert all(torch.equal(files.get(n), t) for n, t in tensors.items())
@@ -100,10 +99,19 @@ def test_without_index_or_model_safetensors_every_safetensors_file_is_read(tmp_p
     assert files.file_of["y"].name == "part-b.safetensors"
 
 
-@pytest.mark.parametrize(("size", "expected"), [
-    (1234, 1234), ("1234", 1234), ("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("2KB", 2000),
-    ("1KiB", 1024), (" 1.5 mib ", 3 * 2**19), ("2GiB", 2 * 2**30),
-])
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        (1234, 1234),
+        ("1234", 1234),
+        ("5GB", 5 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("2KB", 2000),
+        ("1KiB", 1024),
+        (" 1.5 mib ", 3 * 2**19),
+        ("2GiB", 2 * 2**30),
+    ],
+)
 def test_parse_size(size, expected):
     assert parse_size(size) == expected
 
@@ -176,7 +184,7 @@ def test_truncated_file(single, how):
 
 def test_truncated_file_names_the_tensor_cut_off(single):
     file = single / SINGLE_NAME
-    header = json.loads(file.read_bytes()[8:8 + header_len(file)])
+    header = json.loads(file.read_bytes()[8 : 8 + header_len(file)])
     last = max((t for t in header if t != "__metadata__"), key=lambda t: header[t]["data_offsets"][1])
     cut(file, file.stat().st_size - 1)
     with pytest.raises(CheckpointError, match=names(file, "truncated", f"'{last}'")):
@@ -198,33 +206,42 @@ def test_garbage_bytes(single, seed):
         CheckpointFiles(single)
 
 
-@pytest.mark.parametrize("header", [
-    b"[1, 2, 3]",  # JSON, not an object
-    b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]',  # cut JSON
-    b"\xff\xfe{}",  # not UTF-8
-    b"",  # zero-length header
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"[1, 2, 3]",  # JSON, not an object
+        b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]',  # cut JSON
+        b"\xff\xfe{}",  # not UTF-8
+        b"",  # zero-length header
+    ],
+)
 def test_unreadable_header(tmp_path, header):
     raw_safetensors(tmp_path / SINGLE_NAME, header, bytes(4))
     with pytest.raises(CheckpointError, match=names(tmp_path / SINGLE_NAME, "not a readable safetensors file")):
         CheckpointFiles(tmp_path)
 
 
-@pytest.mark.parametrize("entry", [
-    {"shape": [1], "data_offsets": [0, 4]},  # no dtype
-    {"dtype": "F32", "data_offsets": [0, 4]},  # no shape
-    {"dtype": "F32", "shape": [1]},  # no offsets
-    {"dtype": "F32", "shape": [1], "data_offsets": [0]},
-    {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]},
-    {"dtype": "F32", "shape": [1], "data_offsets": [0, "4"]},
-    {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]},
-    {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]},
-    {"dtype": 7, "shape": [1], "data_offsets": [0, 4]},
-    "F32",
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"shape": [1], "data_offsets": [0, 4]},  # no dtype
+        {"dtype": "F32", "data_offsets": [0, 4]},  # no shape
+        {"dtype": "F32", "shape": [1]},  # no offsets
+        {"dtype": "F32", "shape": [1], "data_offsets": [0]},
+        {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]},
+        {"dtype": "F32", "shape": [1], "data_offsets": [0, "4"]},
+        {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]},
+        {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]},
+        {"dtype": 7, "shape": [1], "data_offsets": [0, 4]},
+        "F32",
+    ],
+)
 def test_malformed_header_entry_names_the_tensor(tmp_path, entry):
-    raw_safetensors(tmp_path / SINGLE_NAME, {"__metadata__": {"format": "pt"}, "good": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-                                             "bad": entry}, bytes(8))
+    raw_safetensors(
+        tmp_path / SINGLE_NAME,
+        {"__metadata__": {"format": "pt"}, "good": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "bad": entry},
+        bytes(8),
+    )
     with pytest.raises(CheckpointError, match=names(tmp_path / SINGLE_NAME, "not a readable safetensors file", "'bad'")):
         CheckpointFiles(tmp_path)
 
@@ -290,8 +307,9 @@ def test_a_tensor_stored_in_two_shards(sharded):
         CheckpointFiles(sharded)
 
 
-@pytest.mark.parametrize("weight_map", [None, {}, [["t0", "a.safetensors"]], {"t0": 3}, {"t0": ""},
-                                        {"t0": "../model-00001-of-00002.safetensors"}, {"t0": "/etc/passwd"}])
+@pytest.mark.parametrize(
+    "weight_map", [None, {}, [["t0", "a.safetensors"]], {"t0": 3}, {"t0": ""}, {"t0": "../model-00001-of-00002.safetensors"}, {"t0": "/etc/passwd"}]
+)
 def test_malformed_index(sharded, weight_map):
     edit_index(sharded, lambda i: i.update(weight_map=weight_map) if weight_map is not None else i.pop("weight_map"))
     with pytest.raises(CheckpointError, match=re.escape(str(sharded / INDEX_NAME))):
@@ -307,13 +325,16 @@ def test_index_that_is_not_json(sharded):
 # ----------------------------------------------------------------------------- read_json
 
 
-@pytest.mark.parametrize(("content", "what"), [
-    (b'{"a": 1,', "not valid JSON"),
-    (b"", "not valid JSON"),
-    (b"\x80\x81\x82", "not valid JSON"),
-    (b"[1, 2]", "expected a JSON object"),
-    (b'"text"', "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        (b'{"a": 1,', "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"\x80\x81\x82", "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'"text"', "expected a JSON object"),
+    ],
+)
 def test_read_json_errors_name_the_file(tmp_path, content, what):
     path = tmp_path / "config.json"
     path.write_bytes(content)

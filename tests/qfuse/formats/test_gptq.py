@@ -56,8 +56,7 @@ def scheme_name(bits, group_size, asym):
 @pytest.mark.parametrize("group_size", GROUPS)
 def test_load_bit_exact(tmp_path, bits, sym, fmt, desc_act, group_size):
     config_style, device = CONFIG_STYLE[group_size], DEVICE[group_size]
-    specs, extra = write_model(tmp_path / "ckpt", bits=bits, group_size=group_size, sym=sym, fmt=fmt,
-                               desc_act=desc_act, config_style=config_style)
+    specs, extra = write_model(tmp_path / "ckpt", bits=bits, group_size=group_size, sym=sym, fmt=fmt, desc_act=desc_act, config_style=config_style)
     model = load(tmp_path / "ckpt", extra, device)
     for prefix, spec in specs.items():
         layer = model.get_submodule(prefix)
@@ -85,8 +84,7 @@ def check_against_monotonic_checkpoint(path, layer, spec, fmt, sym):
     assert torch.equal(spec.g_idx[perm], natural)
     sorted_spec = SpecLayer(spec.codes[perm], spec.zeros, spec.scales, natural, spec.bits, spec.group_size)
     bias = {} if layer.bias is None else {"proj.bias": layer.bias}
-    write_gptq_layers(path, {"proj": sorted_spec}, bits=spec.bits, group_size=spec.group_size, sym=sym, fmt=fmt,
-                      desc_act=False, extra_tensors=bias)
+    write_gptq_layers(path, {"proj": sorted_spec}, bits=spec.bits, group_size=spec.group_size, sym=sym, fmt=fmt, desc_act=False, extra_tensors=bias)
     model = model_for({"proj": (spec.out_features, spec.in_features, bool(bias))})
     reference = qfuse.load_quantized(path, model, progress=False).proj
     assert reference.act_perm is None
@@ -125,8 +123,7 @@ def test_v1_zero_point_zero(tmp_path):
     model = qfuse.load_quantized(tmp_path / "masked", model_for({"proj": (n, k, False)}), progress=False)
     check_loaded_layer(model.proj, spec, None, "proj")
     # 8-bit: z = 0 is stored as 255, and 255 + 1 wraps to 0 within its byte.
-    spec8 = SpecLayer(torch.randint(0, 256, (k, n)), torch.tensor([[0, 255, 1, 128] * 4] * 2),
-                      spec.scales, spec.g_idx, 8, g)
+    spec8 = SpecLayer(torch.randint(0, 256, (k, n)), torch.tensor([[0, 255, 1, 128] * 4] * 2), spec.scales, spec.g_idx, 8, g)
     write_gptq_layers(tmp_path / "masked8", {"proj": spec8}, bits=8, group_size=g, sym=False, fmt="gptq", desc_act=False)
     model = qfuse.load_quantized(tmp_path / "masked8", model_for({"proj": (n, k, False)}), progress=False)
     check_loaded_layer(model.proj, spec8, None, "proj")
@@ -162,8 +159,9 @@ def test_dynamic_positive_override(tmp_path):
     """``"+:regex"`` gives matching layers other bits and group size (8-bit, group 32 here),
     the rest keep the config's 4-bit group 128."""
     dynamic = {r"+:.*\.mlp\..*": {"bits": 8, "group_size": 32}}
-    specs, extra = write_model(tmp_path, bits=4, group_size=128, sym=False, fmt="gptq_v2", dynamic=dynamic,
-                               overrides={BIASED: {"bits": 8, "group_size": 32}})
+    specs, extra = write_model(
+        tmp_path, bits=4, group_size=128, sym=False, fmt="gptq_v2", dynamic=dynamic, overrides={BIASED: {"bits": 8, "group_size": 32}}
+    )
     model = load(tmp_path, extra)
     assert model.get_submodule(BIASED).scheme.name == "W8A16_G32_ASYM"
     assert model.get_submodule("layers.0.self_attn.o_proj").scheme.name == "W4A16_ASYM"
@@ -174,11 +172,9 @@ def test_dynamic_positive_override(tmp_path):
 def test_dynamic_first_match_wins(tmp_path):
     """GPTQModel's ``dynamic_get`` and vLLM's ``get_dynamic_override`` stop at the first
     pattern that matches: a specific rule before a catch-all (and a bare regex is positive)."""
-    dynamic = {r".*\.mlp\..*": {"bits": 8, "group_size": 32}, r"+:.*": {"bits": 4, "group_size": 64},
-               r"-:.*\.mlp\..*": {}}
+    dynamic = {r".*\.mlp\..*": {"bits": 8, "group_size": 32}, r"+:.*": {"bits": 4, "group_size": 64}, r"-:.*\.mlp\..*": {}}
     overrides = {BIASED: {"bits": 8, "group_size": 32}, "layers.0.self_attn.o_proj": {"bits": 4, "group_size": 64}}
-    specs, extra = write_model(tmp_path, bits=4, group_size=128, sym=True, fmt="gptq", desc_act=True,
-                               dynamic=dynamic, overrides=overrides)
+    specs, extra = write_model(tmp_path, bits=4, group_size=128, sym=True, fmt="gptq", desc_act=True, dynamic=dynamic, overrides=overrides)
     model = load(tmp_path, extra)
     for prefix, spec in specs.items():
         check_loaded_layer(model.get_submodule(prefix), spec, extra.get(f"{prefix}.bias"), prefix)

@@ -144,8 +144,7 @@ def test_fallback_layers_save_in_their_own_config_group_and_reload_identically(s
 
 
 @torch.no_grad()
-def _write_ragged_checkpoint(path: Path, bits: int, symmetric: bool, hidden: int = 320, group: int = 128,
-                             packed_zero_points: bool = True) -> dict:
+def _write_ragged_checkpoint(path: Path, bits: int, symmetric: bool, hidden: int = 320, group: int = 128, packed_zero_points: bool = True) -> dict:
     """A pack-quantized checkpoint of group ``group`` over layers whose K it does not divide
     (see the module doc); returns compressed-tensors' decompressed weights per layer."""
     model = _tiny_model(hidden, layers=1)
@@ -249,9 +248,12 @@ def test_partial_last_group_without_an_exact_smaller_group_is_refused(tmp_path):
     # hidden 336 = 2 * 128 + 80: no group of 128, 64 or 32 divides both 128 and 336
     path = tmp_path / "ct"
     _write_ragged_checkpoint(path, 4, True, hidden=336)
-    with pytest.raises(qfuse.CheckpointError, match=r"model.safetensors: layer model.layers.0.[\w.]+: in_features=336 is not divisible by "
-                                                    r"group_size=128 \(a partial last group\), and no group size qfuse's kernels run "
-                                                    r"\(128, 64, 32\) divides both"):
+    with pytest.raises(
+        qfuse.CheckpointError,
+        match=r"model.safetensors: layer model.layers.0.[\w.]+: in_features=336 is not divisible by "
+        r"group_size=128 \(a partial last group\), and no group size qfuse's kernels run "
+        r"\(128, 64, 32\) divides both",
+    ):
         qfuse.from_pretrained(path, progress=False)
 
 
@@ -265,8 +267,11 @@ def test_partial_last_group_refusals(tmp_path):
     for g in config["quantization_config"]["config_groups"].values():
         g["weights"]["actorder"] = "group"
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(qfuse.CheckpointError, match=r"in_features=320 is not divisible by group_size=128 \(a partial last group\), "
-                                                    r"which qfuse re-expresses only in layers without act-order"):
+    with pytest.raises(
+        qfuse.CheckpointError,
+        match=r"in_features=320 is not divisible by group_size=128 \(a partial last group\), "
+        r"which qfuse re-expresses only in layers without act-order",
+    ):
         qfuse.from_pretrained(path, progress=False)
 
     # per-group tensors of the wrong shape: the message says why 3 groups are expected
@@ -275,13 +280,17 @@ def test_partial_last_group_refusals(tmp_path):
     name = "model.layers.0.mlp.up_proj"
     tensors[f"{name}.weight_zero_point"] = tensors[f"{name}.weight_zero_point"][:, :2].contiguous()
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(qfuse.CheckpointError, match=rf"layer {name}: in_features=320 is not divisible by group_size=128 \(a partial last group\): "
-                                                    r"weight_zero_point has shape \[64, 2\], expected \[64, 3\]"):
+    with pytest.raises(
+        qfuse.CheckpointError,
+        match=rf"layer {name}: in_features=320 is not divisible by group_size=128 \(a partial last group\): "
+        r"weight_zero_point has shape \[64, 2\], expected \[64, 3\]",
+    ):
         qfuse.from_pretrained(path, progress=False)
 
 
-@pytest.mark.parametrize(("group_sizes", "match"), [({"model.layers.0.self_attn.q_proj": 96}, "group size in"),
-                                                    ({"model.not_a_layer": 64}, "is not a listed layer")])
+@pytest.mark.parametrize(
+    ("group_sizes", "match"), [({"model.layers.0.self_attn.q_proj": 96}, "group size in"), ({"model.not_a_layer": 64}, "is not a listed layer")]
+)
 def test_extension_group_sizes_are_checked(tmp_path, group_sizes, match):
     """A W4A8 extension ``group_sizes`` entry must name a listed layer and a group w4a8_gemm runs."""
     with pytest.warns(UserWarning):
