@@ -1,4 +1,4 @@
-"""Host side of the TMA-fed kernels (ops/int8_gemm_tma.py, ops/wna16_tma.py)."""
+"""Host side of the TMA-fed kernels (ops/int8/tma.py, ops/wna16/tma.py)."""
 
 from __future__ import annotations
 

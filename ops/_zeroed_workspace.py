@@ -19,8 +19,8 @@ _retired: list[Tensor] = []
 
 
 def zeroed_int32(device: torch.device, numel: int) -> Tensor:
-    """``numel`` int32 zeros that the caller's kernel must leave zero (ops/_wna16_common.py's
-    ``finish_split``, ops/int8_common.py's ``take_split_sum``)."""
+    """``numel`` int32 zeros that the caller's kernel must leave zero (ops/wna16/common.py's
+    ``finish_split``, ops/int8/common.py's ``take_split_sum``)."""
     if device.type != "cuda":
         return torch.zeros(numel, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -16,7 +16,7 @@ codes (the 1e-10 floor is what keeps 0/0 out; it changes no row whose amax is
 above 1e-10). Codes of the per-token path lie in [-127, 127] since
 |x| <= amax. Outputs are contiguous.
 
-CUDA kernels: Triton, in ``int8_quant_kernels.py`` (codes and scales bit-exact to
+CUDA kernels: Triton, in ``ops/activation/quant_kernels.py`` (codes and scales bit-exact to
 the reference kernel run on the same device).
 
 Value checks of ``quant_per_tensor_int8`` (a scale <= 0 flips or zeroes every code,
@@ -111,7 +111,7 @@ def quant_per_token_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 @quant_per_token_int8.register_kernel("cuda")
 def _quant_per_token_int8_cuda(x: Tensor) -> tuple[Tensor, Tensor]:
     _check_per_token(x)
-    from .int8_quant_kernels import quant_per_token_int8_triton  # triton only when a GPU op runs
+    from .activation.quant_kernels import quant_per_token_int8_triton  # triton only when a GPU op runs
 
     return quant_per_token_int8_triton(x)
 
@@ -135,7 +135,7 @@ def quant_per_tensor_int8(x: Tensor, scale: Tensor) -> Tensor:
 @quant_per_tensor_int8.register_kernel("cuda")
 def _quant_per_tensor_int8_cuda(x: Tensor, scale: Tensor) -> Tensor:
     _check_per_tensor(x, scale)
-    from .int8_quant_kernels import quant_per_tensor_int8_triton
+    from .activation.quant_kernels import quant_per_tensor_int8_triton
 
     return quant_per_tensor_int8_triton(x, scale)
 

@@ -22,7 +22,7 @@ The fused ops return exactly what the composition of the unfused ops returns
 reference kernels below are written as that composition. An all-zero row
 normalizes to zeros (rsqrt(eps) is finite for eps > 0). All outputs are contiguous.
 
-CUDA kernels: Triton, one kernel for all four ops in ``norm_quant_kernels.py``. On
+CUDA kernels: Triton, one kernel for all four ops in ``ops/activation/norm_kernels.py``. On
 one device a fused op equals the composition of the unfused CUDA ops bit for bit;
 against the plain-torch reference the float sum of squares is taken in another
 order, so an output can differ by up to 2 ulps of its dtype where the normalized
@@ -93,7 +93,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 @rms_norm.register_kernel("cuda")
 def _rms_norm_cuda(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     _check("rms_norm", x, weight, eps)
-    from .norm_quant_kernels import rms_norm_triton  # triton only when a GPU op runs
+    from .activation.norm_kernels import rms_norm_triton  # triton only when a GPU op runs
 
     return rms_norm_triton(x, weight, eps)
 
@@ -114,7 +114,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
 @fused_add_rms_norm.register_kernel("cuda")
 def _fused_add_rms_norm_cuda(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     _check("fused_add_rms_norm", x, weight, eps, residual)
-    from .norm_quant_kernels import fused_add_rms_norm_triton  # triton only when a GPU op runs
+    from .activation.norm_kernels import fused_add_rms_norm_triton  # triton only when a GPU op runs
 
     return fused_add_rms_norm_triton(x, residual, weight, eps)
 
@@ -135,7 +135,7 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tenso
 @rms_norm_quant.register_kernel("cuda")
 def _rms_norm_quant_cuda(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     _check("rms_norm_quant", x, weight, eps)
-    from .norm_quant_kernels import rms_norm_quant_triton  # triton only when a GPU op runs
+    from .activation.norm_kernels import rms_norm_quant_triton  # triton only when a GPU op runs
 
     return rms_norm_quant_triton(x, weight, eps)
 
@@ -156,7 +156,7 @@ def fused_add_rms_norm_quant(x: Tensor, residual: Tensor, weight: Tensor, eps: f
 @fused_add_rms_norm_quant.register_kernel("cuda")
 def _fused_add_rms_norm_quant_cuda(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     _check("fused_add_rms_norm_quant", x, weight, eps, residual)
-    from .norm_quant_kernels import fused_add_rms_norm_quant_triton  # triton only when a GPU op runs
+    from .activation.norm_kernels import fused_add_rms_norm_quant_triton  # triton only when a GPU op runs
 
     return fused_add_rms_norm_quant_triton(x, residual, weight, eps)
 

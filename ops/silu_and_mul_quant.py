@@ -10,7 +10,7 @@ Math, for gate, up: [..., I] of one dtype (fp16/bf16)::
 The op returns exactly what that composition returns; the reference kernel is
 that composition. Outputs are contiguous (xq int8 [..., I], scale float32 [..., 1]).
 
-CUDA kernel: Triton, in ``silu_quant_kernels.py``; SiLU is computed as torch's CUDA
+CUDA kernel: Triton, in ``ops/activation/silu_kernels.py``; SiLU is computed as torch's CUDA
 kernel does (``x / (1 + expf(-x))`` in float32, IEEE division, libdevice expf), so
 its result equals the reference kernel run on the GPU.
 """
@@ -55,7 +55,7 @@ def silu_and_mul_quant(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
 @silu_and_mul_quant.register_kernel("cuda")
 def _silu_and_mul_quant_cuda(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     _check(gate, up)
-    from .silu_quant_kernels import silu_and_mul_quant_triton  # triton only when a GPU op runs
+    from .activation.silu_kernels import silu_and_mul_quant_triton  # triton only when a GPU op runs
 
     return silu_and_mul_quant_triton(gate, up, tune=True)
 

@@ -132,7 +132,7 @@ def w4a8_gemm(
 
 @w4a8_gemm.register_kernel("cuda")
 def _w4a8_gemm_cuda(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype):
-    """The Triton kernel families of ops/int8_dispatch.py (each bit-identical to the reference):
+    """The Triton kernel families of ops/int8/dispatch.py (each bit-identical to the reference):
     the tile kernel, the dp4a GEMV, the register-operand kernel, the TMA kernel or the
     int8-weight pass + W8A8 kernel, by config.
 
@@ -142,7 +142,7 @@ def _w4a8_gemm_cuda(xq, x_scale, qweight, w_scale, group_scale, bias, group_size
     _, _, k = check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
     if k == 0:
         return w4a8_gemm_ref(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
-    from .int8_dispatch import int8_gemm
+    from .int8.dispatch import int8_gemm
 
     return int8_gemm(OP, xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, w4=True, group_size=group_size)
 

@@ -99,11 +99,11 @@ def w8a8_gemm(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, bias: Te
 
 @w8a8_gemm.register_kernel("cuda")
 def _w8a8_gemm_cuda(xq, x_scale, wq, w_scale, bias, out_dtype):
-    """The Triton kernel families of ops/int8_dispatch.py (each bit-identical to the reference)."""
+    """The Triton kernel families of ops/int8/dispatch.py (each bit-identical to the reference)."""
     _, _, k = check_w8a8_args(xq, x_scale, wq, w_scale, bias, out_dtype)
     if k == 0:
         return w8a8_gemm_ref(xq, x_scale, wq, w_scale, bias, out_dtype)
-    from .int8_dispatch import int8_gemm
+    from .int8.dispatch import int8_gemm
 
     return int8_gemm(OP, xq, x_scale, wq, w_scale, None, bias, out_dtype, w4=False)
 

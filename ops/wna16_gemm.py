@@ -22,7 +22,7 @@ A Triton kernel matches this up to float32 summation order (and, where it
 applies a group's scale after that group's partial dot, one rounding of the
 weight): tolerance stated in the tests. Output: contiguous [M, N] of x.dtype.
 
-CUDA: Triton kernels picked per M bucket (ops/wna16_dispatch.py; configs from
+CUDA: Triton kernels picked per M bucket (ops/wna16/dispatch.py; configs from
 ``ops/tuned/wna16_gemm.<gpu>.json`` or ``$QFUSE_AUTOTUNE_CACHE``, see ops/_autotune.py).
 Any M, any N, any K that the checks above accept (even K for 4-bit, K % group_size == 0);
 no repacking per call: the kernels read this layout as is.
@@ -139,12 +139,12 @@ def wna16_gemm(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None,
 
 @wna16_gemm.register_kernel("cuda")
 def _wna16_gemm_cuda(x, qweight, scales, zeros, bias, bits, group_size):
-    """Triton kernels chosen by M bucket (ops/wna16_dispatch.py): GEMV / split-K tiled for
+    """Triton kernels chosen by M bucket (ops/wna16/dispatch.py): GEMV / split-K tiled for
     decode, tiled tensor-core GEMM for large M, dequant + cuBLAS only where measured faster."""
     m, n, k = check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size)
     if m == 0 or n == 0 or k == 0:
         return wna16_gemm_ref(x, qweight, scales, zeros, bias, bits, group_size)
-    from .wna16_dispatch import wna16_gemm_triton
+    from .wna16.dispatch import wna16_gemm_triton
 
     return wna16_gemm_triton(x, qweight, scales, zeros, bias, bits, group_size)
 

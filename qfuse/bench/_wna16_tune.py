@@ -21,7 +21,7 @@ import torch
 
 from qfuse.ops._autotune import _TUNED_DIR, _key_str, _memory, device_name, merge_into_json
 from qfuse.ops._zeroed_workspace import rezero_workspaces
-from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key, is_experimental, run_config
+from qfuse.ops.wna16.dispatch import OP, candidate_configs, config_key, is_experimental, run_config
 from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
 from .timing import copies_for, time_graph

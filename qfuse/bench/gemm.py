@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     args = _args(argv or [])
     require_cuda("gemm")  # --precompile-only too: its workers compile by running each config on the GPU
     from qfuse.ops._autotune import _key_str, _memory, device_name
-    from qfuse.ops.wna16_dispatch import OP, config_key
+    from qfuse.ops.wna16.dispatch import OP, config_key
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
 
     from ._wna16_tune import make_weights, op_bytes, tune

@@ -1,4 +1,4 @@
-"""``qfuse bench gemv_words``: the int32-word GEMV (ops/wna16_gemv_words.py; W4A16 and W8A16) at
+"""``qfuse bench gemv_words``: the int32-word GEMV (ops/wna16/gemv_words.py; W4A16 and W8A16) at
 decode M, every dispatcher config of it, against bf16 ``torch.matmul``, tinygemm (4-bit only) and
 a baseline ``wna16_gemm`` config table, in one run. CUDA-graph medians over rotated weight copies
 (qfuse/bench/timing.py).
@@ -6,7 +6,7 @@ a baseline ``wna16_gemm`` config table, in one run. CUDA-graph medians over rota
 Every word-GEMV config is first checked against the reference kernel (symmetric and with zero
 points) on the real shape. The baseline column runs whatever config the given JSON ships for
 that key (default: the shipped ops/tuned/wna16_gemm.NVIDIA_H200.json). The configs timed are the
-dispatcher's ``gemv_words`` candidates for M = 1 with bf16 activations (ops/wna16_dispatch.py;
+dispatcher's ``gemv_words`` candidates for M = 1 with bf16 activations (ops/wna16/dispatch.py;
 4-bit: the HFMA2 forms too; the opt-in register caps with ``--experimental``), at every M given.
 """
 
@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-json", type=Path, default=Path(__file__).resolve().parents[2] / "ops/tuned/wna16_gemm.NVIDIA_H200.json")
     args = p.parse_args(argv)
     require_cuda("gemv_words")
-    from qfuse.ops.wna16_dispatch import candidate_configs, config_key, is_experimental, run_config
+    from qfuse.ops.wna16.dispatch import candidate_configs, config_key, is_experimental, run_config
+    from qfuse.ops.wna16.gemv_words import wna16_gemv_words
     from qfuse.ops.wna16_gemm import wna16_gemm_ref
-    from qfuse.ops.wna16_gemv_words import wna16_gemv_words
 
     from .timing import copies_for, hbm_bandwidth, time_graph, write_csv
 

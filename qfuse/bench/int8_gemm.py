@@ -75,7 +75,7 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
     from qfuse.ops._autotune import device_name, m_bucket
     from qfuse.ops._zeroed_workspace import rezero_workspaces
     from qfuse.ops.int4_packing import pack_int4
-    from qfuse.ops.int8_dispatch import candidate_configs, is_experimental, run_int8_gemm
+    from qfuse.ops.int8.dispatch import candidate_configs, is_experimental, run_int8_gemm
     from qfuse.ops.w4a8_gemm import w4a8_gemm_ref
     from qfuse.ops.w8a8_gemm import scale_epilogue, w8a8_gemm_ref
 
@@ -211,8 +211,8 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
 def config_family(cfg: dict) -> str:
     """Which kernel a candidate runs: ``tc`` (tensor-core tile kernel, int8-op unpack), ``asm``
     (inline-PTX unpack), ``gsp`` (asm + int32-partial group scale), ``gemv`` (dp4a GEMV),
-    ``mma_words`` (ops/w4a8_mma_words.py: packed bytes into the A registers, K permuted),
-    ``tma`` (ops/int8_gemm_tma.py: unpack into the B operand), ``w8`` / ``w8_tma`` (int4 -> int8
+    ``mma_words`` (ops/int8/mma_words.py: packed bytes into the A registers, K permuted),
+    ``tma`` (ops/int8/tma.py: unpack into the B operand), ``w8`` / ``w8_tma`` (int4 -> int8
     weight pass + the W8A8 tile / TMA kernel); W8A8: ``tc``, ``tma`` or ``gemv8`` (dp4a GEMV)."""
     kind = cfg.get("kernel", "tile")
     if kind != "tile":

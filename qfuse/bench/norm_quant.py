@@ -58,9 +58,9 @@ def _bytes(op: str, m: int, h: int, elt: int) -> int:
 
 def _callables(op: str):
     """(fused, unfused, plain-torch reference) for one op; each takes the op's inputs."""
+    from qfuse.ops.activation.silu_kernels import silu_and_mul_triton
     from qfuse.ops.rms_norm import fused_add_rms_norm_quant_ref, rms_norm_quant_ref
     from qfuse.ops.silu_and_mul_quant import silu_and_mul_quant_ref
-    from qfuse.ops.silu_quant_kernels import silu_and_mul_triton
 
     ops = torch.ops.qfuse
     if op == "rms_norm_quant":
@@ -132,9 +132,9 @@ def _ulp_mismatch(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
 
 def accuracy(hs, m, log, dev: str = "cuda") -> list[dict]:
     """Mismatch counts of the CUDA ops against the reference kernel on the GPU and on the CPU."""
+    from qfuse.ops.activation.silu_kernels import silu_and_mul_triton
     from qfuse.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
     from qfuse.ops.silu_and_mul_quant import silu_and_mul_ref
-    from qfuse.ops.silu_quant_kernels import silu_and_mul_triton
 
     ops = torch.ops.qfuse
     rows = []

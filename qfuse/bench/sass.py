@@ -44,7 +44,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         "count_ptr": "*i32",
     }
     if kernel == "gemv_words":
-        from qfuse.ops.wna16_gemv_words import _wna16_gemv_words_kernel as fn
+        from qfuse.ops.wna16.gemv_words import _wna16_gemv_words_kernel as fn
 
         sig = {
             "x_ptr": ptrs["x_ptr"],
@@ -72,7 +72,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         )
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
     if kernel == "mma_gemv":
-        from qfuse.ops.w4a16_mma_gemv import _w4a16_mma_gemv_kernel as fn
+        from qfuse.ops.wna16.mma_gemv import _w4a16_mma_gemv_kernel as fn
 
         sig = {
             "x_ptr": ptrs["x_ptr"],
@@ -89,7 +89,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         consts = dict(GROUP=group, HAS_ZEROS=zeros, HAS_BIAS=False, ROW_TILES=cfg.get("ROW_TILES", 1), STEPS=cfg.get("STEPS", 1), NW=nw, ASM=True)
         return fn, sig, consts, 16 * cfg.get("ROW_TILES", 1) * nw * 64 * cfg.get("STEPS", 1)  # STEPS 128-code steps of each row
     if kernel == "tiled_planes":
-        from qfuse.ops.w4a16_tiled_planes import _w4a16_tiled_planes_kernel as fn
+        from qfuse.ops.wna16.tiled_planes import _w4a16_tiled_planes_kernel as fn
 
         halves = cfg.get("PLANES", 2) == 4
         sig = {
@@ -122,7 +122,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         )
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_K"] // 2
     if kernel == "mma_words":
-        from qfuse.ops.w4a16_mma_words import _w4a16_mma_words_kernel as fn
+        from qfuse.ops.wna16.mma_words import _w4a16_mma_words_kernel as fn
 
         sig = {
             "x_ptr": ptrs["x_ptr"],
@@ -151,7 +151,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         )
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     if kernel == "tiled_tma":
-        from qfuse.ops.wna16_tma import _wna16_tma_kernel as fn
+        from qfuse.ops.wna16.tma import _wna16_tma_kernel as fn
 
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"] if group == -1 else min(cfg["BLOCK_K"], group)
         tail = cfg.get("TAIL_SPLIT", 0)  # TAIL_SPLIT: the tail launch (the whole waves run the config without it)
@@ -192,7 +192,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         return fn, sig, consts, bn * bk * bits // 8
     int8 = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32"}
     if kernel == "w4a8_gemv":
-        from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel as fn
+        from qfuse.ops.int8.gemv import _w4a8_gemv_kernel as fn
 
         sig = {
             **int8,
@@ -209,7 +209,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         }
         consts = dict(GROUPED=group == 128)
     elif kernel == "w4a8_mma_words":
-        from qfuse.ops.w4a8_mma_words import _w4a8_mma_words_kernel, _w4a8_mma_words_stream_kernel
+        from qfuse.ops.int8.mma_words import _w4a8_mma_words_kernel, _w4a8_mma_words_stream_kernel
 
         stream = bool(cfg.get("STREAM"))
         fn = _w4a8_mma_words_stream_kernel if stream else _w4a8_mma_words_kernel
@@ -245,7 +245,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             consts["SPLIT"] = cfg.get("SPLIT_K", 1) > 1
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
     elif kernel == "w8a8_gemv":
-        from qfuse.ops.w8a8_gemv import _w8a8_gemv_kernel as fn
+        from qfuse.ops.int8.gemv8 import _w8a8_gemv_kernel as fn
 
         sig = {
             **int8,
@@ -292,7 +292,7 @@ def compile_sass(fn, sig: dict, consts: dict, cfg: dict) -> tuple[str, str]:
     # num_stages changes the code: the word GEMV at 3 stages stages its loads through shared
     # memory, at its launch's 2 it does not
     options = {"num_warps": cfg.get("num_warps", 4), **launch_options(fn), **{k: cfg[k] for k in ("num_stages",) if k in cfg}}
-    if "MAXNREG" in cfg:  # the word GEMV's opt-in register cap (ops/wna16_dispatch.py)
+    if "MAXNREG" in cfg:  # the word GEMV's opt-in register cap (ops/wna16/dispatch.py)
         options["maxnreg"] = cfg["MAXNREG"]
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -380,7 +380,7 @@ def wgmma_pipeline(loop: list[str]) -> tuple[list[int], list[str]]:
     again and again (a DEPBAR with count c retires all but the c newest HGMMAs).
 
     ptxas (CUDA 12.8 in triton 3.6) emitted such writes for the 8-bit TMA tiles at 8 warps with
-    split-K, which computed wrong results on the H200 (ops/wna16_tma.py)."""
+    split-K, which computed wrong results on the H200 (ops/wna16/tma.py)."""
     waits, hazards, pending = [], [], []
     for rep in range(3):  # the first pass fills the pipeline as the previous iteration leaves it
         for line in loop:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qfuse.ops._wna16_common import grouped_tile
+from qfuse.ops.wna16.common import grouped_tile
 
 from ._device import require_cuda
 from .timing import copies_for, time_graph

@@ -53,8 +53,9 @@ def explain(
     m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch.bfloat16, gpu: str = "NVIDIA_H200", sms: int = 132, tma: bool = True
 ) -> str:
     """The report ``qfuse kernels --explain`` prints."""
-    from ..ops import int8_dispatch, wna16_dispatch
     from ..ops._autotune import lookup
+    from ..ops.int8 import dispatch as int8_dispatch
+    from ..ops.wna16 import dispatch as wna16_dispatch
 
     s = _scheme(scheme_name)
     if min(m, n, k) < 1:

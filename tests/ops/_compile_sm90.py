@@ -1,4 +1,4 @@
-"""Compile ops/w4a16_tiled_planes.py's, ops/wna16_tma.py's, ops/w4a16_mma_words.py's and ops/w4a8_mma_words.py's kernels for sm_90 without a GPU (run
+"""Compile ops/wna16/tiled_planes.py's, ops/wna16/tma.py's, ops/wna16/mma_words.py's and ops/int8/mma_words.py's kernels for sm_90 without a GPU (run
 as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_wna16_tma.py). Their
 inline PTX cannot run under the Triton interpreter, and a malformed asm operand list ends the
 compiling process with an LLVM abort, so this is the CPU-side check that the PTX assembles for
@@ -44,7 +44,7 @@ def compile_planes(dtype: str, planes: int, swap: bool, zeros: bool, aligned: bo
 
 
 def compile_tma(dtype: str, group: int, zeros: bool, split_k: int, bits: int = 4, tail_split: int = 0) -> str:
-    """ops/wna16_tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
+    """ops/wna16/tma.py's kernel (TMA descriptors of the activations and weight bytes); its PTX."""
     cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split_k, "TAIL_SPLIT": tail_split}
     fn, sig, consts, _ = kernel_spec("tiled_tma", bits, group, zeros, dtype, cfg)
     divisible = [name for name in sig if sig[name].startswith("*") or name in ("N", "K", "K_PER_SPLIT")]
@@ -68,7 +68,7 @@ def _sass_pipeline(kernel: str, bits: int, group: int, zeros: bool, dtype: str, 
 
 
 def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_pairs: bool = False) -> str:
-    """ops/w4a16_mma_words.py's kernel at its decode tile (16 tokens, 128 weight rows, 8 warps); its PTX."""
+    """ops/wna16/mma_words.py's kernel at its decode tile (16 tokens, 128 weight rows, 8 warps); its PTX."""
     fn, sig, consts, _ = kernel_spec(
         "mma_words", 4, group, zeros, dtype, {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "SCALE_W": scale_w, "BYTE_PAIRS": byte_pairs}
     )
@@ -76,7 +76,7 @@ def compile_mma_words(dtype: str, group: int, zeros: bool, scale_w: bool, byte_p
 
 
 def compile_w4a8_mma_words(group: int, split: bool, tokens: int, rows: int, warps: int, fold: bool = False, stream: bool = False) -> str:
-    """ops/w4a8_mma_words.py's kernel (with ``stream`` its stream-K form); its PTX."""
+    """ops/int8/mma_words.py's kernel (with ``stream`` its stream-K form); its PTX."""
     fn, sig, consts, _ = kernel_spec(
         "w4a8_mma_words",
         4,
@@ -133,7 +133,7 @@ if __name__ == "__main__":
 
             import torch
 
-            from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental
+            from qfuse.ops.wna16.dispatch import candidate_configs, is_experimental
 
             _, bits, dtype, group, zeros, m, n, k = case.split(",")
             seen = {}

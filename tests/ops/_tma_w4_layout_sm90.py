@@ -1,4 +1,4 @@
-"""Compile ops/int8_gemm_tma.py's W4A8 form for sm_90 without a GPU (run as a subprocess by
+"""Compile ops/int8/tma.py's W4A8 form for sm_90 without a GPU (run as a subprocess by
 tests/ops/test_int8_gemm_tma.py) and print, per config, whether every folded group-scale PTX
 call (``_scaled_nibbles``: one scale per 32-bit register of four codes) gets its packed bytes
 from a layout whose four consecutive registers lie along K in one row: the one assumption that
@@ -20,7 +20,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from qfuse.ops.int8_gemm_tma import _int8_gemm_tma_kernel  # noqa: E402
+from qfuse.ops.int8.tma import _int8_gemm_tma_kernel  # noqa: E402
 
 
 def _packs_along_k(layout: str) -> bool:

@@ -72,7 +72,7 @@ def test_split_k_choices():
 def test_shipped_wna16_picks_are_not_opt_in():
     """The shipped file bypasses the opt-in gate (a hit is used as is), so it must hold no config
     that ``is_experimental`` keeps opt-in: a tune that timed them must not ship them by a merge."""
-    from qfuse.ops.wna16_dispatch import is_experimental
+    from qfuse.ops.wna16.dispatch import is_experimental
 
     shipped = json.loads((_autotune._TUNED_DIR / "wna16_gemm.NVIDIA_H200.json").read_text())
     assert shipped
@@ -82,8 +82,8 @@ def test_shipped_wna16_picks_are_not_opt_in():
 
 @pytest.mark.parametrize("name", ["w8a8_gemm", "w8a8_gemm_eager", "w4a8_gemm"])
 def test_shipped_int8_picks_are_not_opt_in(name):
-    """The same for the int8 GEMMs (ops/int8_dispatch.py's is_experimental: the W8A8 dp4a GEMV)."""
-    from qfuse.ops.int8_dispatch import is_experimental
+    """The same for the int8 GEMMs (ops/int8/dispatch.py's is_experimental: the W8A8 dp4a GEMV)."""
+    from qfuse.ops.int8.dispatch import is_experimental
 
     shipped = json.loads((_autotune._TUNED_DIR / f"{name}.NVIDIA_H200.json").read_text())
     assert shipped

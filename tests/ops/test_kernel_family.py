@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from qfuse.ops import int8_dispatch, wna16_dispatch
+from qfuse.ops.int8 import dispatch as int8_dispatch
 from qfuse.ops.kernel_family import KernelFamily, Problem, Registry
+from qfuse.ops.wna16 import dispatch as wna16_dispatch
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 
@@ -95,15 +96,18 @@ def test_int8_refusals_name_the_reason():
 
 
 def _imports(path: Path):
+    """(module, names) of each relative import, the module as a path under ops/ ("int8/common", "_autotune")."""
+    here = path.parent.relative_to(OPS).parts
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            yield node.module or "", [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = list(here[: len(here) - (node.level - 1)]) if node.level > 1 else list(here)
+            yield "/".join(base + (node.module or "").split(".")).strip("/"), [a.name for a in node.names]
 
 
 def test_no_private_name_is_imported_across_ops_modules():
     bad = [
-        (p.name, mod, name)
-        for p in sorted(OPS.glob("*.py"))
+        (str(p.relative_to(OPS)), mod, name)
+        for p in sorted(OPS.rglob("*.py"))
         for mod, names in _imports(p)
         for name in names
         if name.startswith("_") and not name.startswith("__")
@@ -112,20 +116,27 @@ def test_no_private_name_is_imported_across_ops_modules():
 
 
 def test_int8_kernel_modules_import_only_downward():
-    """The int8 family: common helpers <- kernels <- dispatch, never back up (no import circle)."""
+    """The int8 families: common helpers <- kernels <- dispatch, never back up (no import circle)."""
     rank = {
-        "int8_common": 0,
+        "int8/common": 0,
         "jit_utils": 0,
         "kernel_family": 0,
-        "int8_tile": 1,
-        "int8_gemm_tma": 2,
-        "w4a8_gemv": 1,
-        "w4a8_mma_words": 1,
-        "w8a8_gemv": 1,
-        "w4a8_int8_weight": 3,
-        "int8_dispatch": 4,
+        "int8/tile": 1,
+        "int8/tma": 2,
+        "int8/gemv": 1,
+        "int8/mma_words": 1,
+        "int8/gemv8": 1,
+        "int8/int8_weight": 3,
+        "int8/dispatch": 4,
     }
     for name, r in rank.items():
         for mod, _ in _imports(OPS / f"{name}.py"):
             if mod in rank:
                 assert rank[mod] < r, (name, mod)
+
+
+def test_ops_layout_one_subpackage_per_op_family():
+    """ops/: the op modules and shared helpers at the top, each op family's kernels in its subpackage."""
+    assert {p.name for p in OPS.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == {"wna16", "int8", "activation"}
+    for registry, pkg in ((wna16_dispatch.REGISTRY, "wna16"), (int8_dispatch.REGISTRY, "int8")):
+        assert all(f.module.startswith(pkg + "/") for f in registry.families)

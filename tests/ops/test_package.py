@@ -38,8 +38,9 @@ def test_ops_import_neither_qfuse_nor_passes():
 
 def test_unverified_kernel_families_need_opt_in(monkeypatch):
     """Families kept opt-in are never autotuned into use by default; measured ones are offered."""
-    from qfuse.ops import int8_dispatch, wna16_dispatch
     from qfuse.ops._autotune import experimental_kernels
+    from qfuse.ops.int8 import dispatch as int8_dispatch
+    from qfuse.ops.wna16 import dispatch as wna16_dispatch
 
     seen = {}
 

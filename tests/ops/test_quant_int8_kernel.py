@@ -9,7 +9,7 @@ GPU (``-m gpu``): the registered CUDA op against the reference kernel run on the
 import pytest
 import torch
 
-from qfuse.ops.int8_quant_kernels import quant_per_tensor_int8_triton, quant_per_token_int8_triton, row_config
+from qfuse.ops.activation.quant_kernels import quant_per_tensor_int8_triton, quant_per_token_int8_triton, row_config
 from qfuse.ops.quant_int8 import quant_per_tensor_int8_ref, quant_per_token_int8_ref
 from tests.helpers import ACT_DTYPES
 

@@ -1,6 +1,6 @@
 """Triton kernel of rms_norm / fused_add_rms_norm / rms_norm_quant / fused_add_rms_norm_quant.
 
-Two bars (see ops/norm_quant_kernels.py):
+Two bars (see ops/activation/norm_kernels.py):
 * fused == composition of the unfused Triton kernels, bit for bit (codes, scales,
   residual), on the same device: both run the same code and config, so the float
   sum of squares is taken in the same order;
@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from qfuse.ops.int8_quant_kernels import quant_per_token_int8_triton
-from qfuse.ops.norm_quant_kernels import (
+from qfuse.ops.activation.norm_kernels import (
     fused_add_rms_norm_quant_triton,
     fused_add_rms_norm_triton,
     rms_norm_quant_triton,
     rms_norm_triton,
 )
+from qfuse.ops.activation.quant_kernels import quant_per_token_int8_triton
 from qfuse.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from tests.helpers import ACT_DTYPES
 
@@ -170,8 +170,8 @@ def _compile_norm_ptx(residual: bool, quant: bool, h: int, dtype: str) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from qfuse.ops.int8_quant_kernels import row_config
-    from qfuse.ops.norm_quant_kernels import _rms_norm_kernel
+    from qfuse.ops.activation.norm_kernels import _rms_norm_kernel
+    from qfuse.ops.activation.quant_kernels import row_config
 
     cfg = row_config(h)
     consts = {"HAS_RESIDUAL": residual, "QUANT": quant, "BLOCK": cfg["BLOCK"], "SINGLE": cfg["SINGLE"], "INTERPRET": False}

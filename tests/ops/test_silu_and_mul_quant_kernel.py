@@ -17,9 +17,9 @@ import importlib
 import pytest
 import torch
 
-from qfuse.ops.int8_quant_kernels import quant_per_token_int8_triton
+from qfuse.ops.activation.quant_kernels import quant_per_token_int8_triton
+from qfuse.ops.activation.silu_kernels import silu_and_mul_quant_triton, silu_and_mul_triton
 from qfuse.ops.silu_and_mul_quant import silu_and_mul_quant_ref, silu_and_mul_ref
-from qfuse.ops.silu_quant_kernels import silu_and_mul_quant_triton, silu_and_mul_triton
 from tests.helpers import ACT_DTYPES
 from tests.ops.test_rms_norm_kernel import assert_codes_close, assert_within_ulps
 
@@ -59,7 +59,7 @@ def test_kernel_close_to_reference(shape, max_row_block, dtype):
 
 
 def test_kernel_every_tuning_candidate_gives_the_same_codes():
-    from qfuse.ops.silu_quant_kernels import _run, quant_candidates
+    from qfuse.ops.activation.silu_kernels import _run, quant_candidates
 
     gate, up = _inputs((2, 4100), torch.float16)
     cands = quant_candidates(4100)
@@ -143,7 +143,7 @@ def test_gpu_long_rows(m, h, dtype):
 @pytest.mark.parametrize("dtype", ACT_DTYPES)
 @pytest.mark.parametrize("m,h", [(1, 14336), (16, 14336), (7, 4097), (256, 4096)])
 def test_gpu_every_tuning_candidate(m, h, dtype):
-    from qfuse.ops.silu_quant_kernels import _run, quant_candidates
+    from qfuse.ops.activation.silu_kernels import _run, quant_candidates
 
     gate, up = _inputs((m, h), dtype, "cuda")
     qr, sr = silu_and_mul_quant_ref(gate, up)

@@ -15,12 +15,12 @@ import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
 from qfuse.ops.int4_packing import pack_int4
-from qfuse.ops.int8_dispatch import candidate_configs, int8_gemm, run_int8_gemm
-from qfuse.ops.int8_tile import tile_config
+from qfuse.ops.int8.dispatch import candidate_configs, int8_gemm, run_int8_gemm
+from qfuse.ops.int8.gemv import gemv_configs, gemv_supported, run_w4a8_gemv
+from qfuse.ops.int8.int8_weight import w4_to_int8
+from qfuse.ops.int8.mma_words import mma_words_configs
+from qfuse.ops.int8.tile import tile_config
 from qfuse.ops.w4a8_gemm import dequantize_w4a8, w4a8_gemm_ref, w4a8_int_weight
-from qfuse.ops.w4a8_gemv import gemv_configs, gemv_supported, run_w4a8_gemv
-from qfuse.ops.w4a8_int8_weight import w4_to_int8
-from qfuse.ops.w4a8_mma_words import mma_words_configs
 
 from .test_w8a8_gemm_kernel import SHAPES, assert_bitwise, kernel_acc
 
@@ -165,7 +165,7 @@ def test_group_partial_accumulator_exact(m):
     assert torch.equal(acc, int8_matmul_nt(xq, w4a8_int_weight(qweight, gs, 128)))
 
 
-# GEMV (ops/w4a8_gemv.py) under the interpreter: the same data movement as on the GPU, with
+# GEMV (ops/int8/gemv.py) under the interpreter: the same data movement as on the GPU, with
 # dp4a / prmt spelled in shifts and masks (DP4A_ASM=0). Each case is 1-2 s: few programs.
 @pytest.mark.parametrize(
     "m,bm,group_size,split,out_dtype,per_token,prefetch",
@@ -196,7 +196,7 @@ def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dty
     ],
 )
 def test_gemv_lane_tiles(m, tile, group_size, split):
-    """The one-lane-per-thread tiles (ops/w4a8_gemv.py, _LANE_TILES): rows 1-4 a program, N = 37
+    """The one-lane-per-thread tiles (ops/int8/gemv.py, _LANE_TILES): rows 1-4 a program, N = 37
     (the last program's rows past N), 512-1024 bytes of a row per tile."""
     bn, bw, warps = tile
     args = make_w4a8(m, 37, 2048, group_size)
@@ -259,7 +259,7 @@ def test_gemv_rejects_what_it_cannot_tile():
 def test_new_candidates_are_extra(group_size):
     """The GEMV / GS_PARTIAL / int8-weight-pass families come after the tile kernel's configs,
     only where they can run; every GEMV config tiles its K. The heuristic goes first: the GEMV's
-    2-row x 32-column lane tile at M <= 2, the mma_words config (ops/w4a8_mma_words.py) to M = 64."""
+    2-row x 32-column lane tile at M <= 2, the mma_words config (ops/int8/mma_words.py) to M = 64."""
     for m in (1, 2, 4, 8, 16, 64, 128):
         for n, k in SHAPES:
             if group_size != -1 and k % group_size:
@@ -303,7 +303,7 @@ import collections, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from qfuse.ops.w4a8_gemv import _w4a8_gemv_kernel
+from qfuse.ops.int8.gemv import _w4a8_gemv_kernel
 sig = {"x_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "ws_ptr": "*fp32", "gs_ptr": "*i8", "bias_ptr": "*bf16",
        "out_ptr": "*bf16", "acc_ws_ptr": "*i32", "count_ptr": "*i32", "M": "i32", "N": "i32", "KW4": "i32",
        "W_PER_SPLIT": "i32", "G": "i32"}

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from qfuse.ops._int_matmul import int8_matmul_nt
-from qfuse.ops.int8_dispatch import EAGER_MAX_M, candidate_configs, int8_gemm, normalize, run_int8_gemm
-from qfuse.ops.int8_gemm_tma import tma_configs
-from qfuse.ops.int8_tile import tile_config
+from qfuse.ops.int8.dispatch import EAGER_MAX_M, candidate_configs, int8_gemm, normalize, run_int8_gemm
+from qfuse.ops.int8.gemv8 import gemv8_configs, gemv8_supported
+from qfuse.ops.int8.tile import tile_config
+from qfuse.ops.int8.tma import tma_configs
 from qfuse.ops.w8a8_gemm import w8a8_gemm_ref
-from qfuse.ops.w8a8_gemv import gemv8_configs, gemv8_supported
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -113,7 +113,7 @@ def gemv8_cfg(bm, bn, bw, split, prefetch=0):
     }
 
 
-# the dp4a GEMV (ops/w8a8_gemv.py) under the interpreter, dp4a spelled in shifts and masks
+# the dp4a GEMV (ops/int8/gemv8.py) under the interpreter, dp4a spelled in shifts and masks
 @pytest.mark.parametrize(
     "m,bm,split,prefetch,per_token,out_dtype",
     [

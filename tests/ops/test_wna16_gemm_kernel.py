@@ -24,12 +24,12 @@ import triton
 import triton.language as tl
 
 from qfuse.ops._autotune import m_bucket
-from qfuse.ops._wna16_common import dequantize_triton, finish_split, split_counters
-from qfuse.ops.wna16_dispatch import candidate_configs, is_experimental, run_config, usable_configs
+from qfuse.ops.wna16.common import dequantize_triton, finish_split, split_counters
+from qfuse.ops.wna16.dispatch import candidate_configs, is_experimental, run_config, usable_configs
+from qfuse.ops.wna16.gemv import wna16_gemv
+from qfuse.ops.wna16.tiled import wna16_tiled
+from qfuse.ops.wna16.tiled_words import wna16_tiled_words
 from qfuse.ops.wna16_gemm import _wna16_gemm_cuda, dequantize_wna16, wna16_gemm_ref
-from qfuse.ops.wna16_gemv import wna16_gemv
-from qfuse.ops.wna16_tiled import wna16_tiled
-from qfuse.ops.wna16_tiled_words import wna16_tiled_words
 
 
 def make_problem(m, n, k, bits, group_size, dtype, asym, bias, device="cpu", scale=0.02):
@@ -394,7 +394,7 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     """sm_90 SASS (no GPU) of every config the op may pick without QFUSE_EXPERIMENTAL_KERNELS in the
     wgmma families (tiled_planes, mma_words, tiled_tma) at three keys: no instruction writes a register
     of a wgmma still in flight (PTX leaves the result undefined: the former 8-bit TMA path's wrong
-    results on the H200, ops/wna16_tma.py). The control: tiled_planes' JOIN form at 16 x 64 x 128
+    results on the H200, ops/wna16/tma.py). The control: tiled_planes' JOIN form at 16 x 64 x 128
     split 2, opt-in because ptxas does exactly that there (is_experimental)."""
     from ._sm90_scripts import run_sm90_script
 

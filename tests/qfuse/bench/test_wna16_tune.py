@@ -34,7 +34,7 @@ def test_tune_families_keeps_the_shipped_pick():
 
     from qfuse.bench._wna16_tune import shipped_config, tune_candidates
     from qfuse.ops._autotune import _key_str
-    from qfuse.ops.wna16_dispatch import OP, candidate_configs, config_key
+    from qfuse.ops.wna16.dispatch import OP, candidate_configs, config_key
 
     m, n, k = 256, 4096, 4096
     old = shipped_config(_key_str(OP, ("NVIDIA_H200", *config_key(m, n, k, 4, 128, torch.bfloat16))))
