@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..eval.perplexity import default_text, perplexity, windows_of
+from ..models.cast import cast_float_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES
 from .common import BUILTIN_MODELS, builtin_model, load_any, load_builtin
 
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if not builtin:
         model = load_any(args.model, None if quantizing and dtype is None else dtype, "cpu" if quantizing else args.device)
         if quantizing and model.dtype not in (torch.float16, torch.bfloat16):
-            model = model.to(torch.bfloat16)
+            model = cast_float_model(model, torch.bfloat16)
     if args.table:
         return _table(model, tok, windows, source, args)
     if args.scheme:

@@ -13,6 +13,7 @@ import torch
 
 from ..calibration import recipe_name
 from ..checkpoint import save_quantized
+from ..models.cast import cast_float_model
 from ..quantize_model import quantize_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES, get_scheme
 from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes, linear_weight_bytes, load_builtin
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"loading {args.model}")
         model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype="auto", local_files_only=True)
         dtype = getattr(torch, args.dtype) if args.dtype else (model.dtype if model.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
-        model = model.to(dtype).eval()
+        model = cast_float_model(model, dtype).eval()
     before, other = linear_weight_bytes(model)
     steps, data = _calibration(args, scheme, tokenizer)
     t0 = time.perf_counter()

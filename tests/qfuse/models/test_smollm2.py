@@ -89,3 +89,20 @@ def test_package_without_the_file(monkeypatch, tmp_path):
 def test_dtype_is_checked():
     with pytest.raises(TypeError, match="dtype"):
         smollm2_module.load_smollm2(dtype=torch.int8)
+
+
+def test_cast_keeps_rope_frequencies_float32(smollm2):
+    """cast_float_model = Module.to(dtype) but for inv_freq, which stays float32 as a reload builds it
+    (Module.to rounds it: a quantized model saved and reloaded would then not compute the same)."""
+    import copy
+
+    from qfuse.models import cast_float_model
+
+    model, _ = smollm2
+    inv = model.model.rotary_emb.inv_freq
+    rounded = copy.deepcopy(model).to(torch.bfloat16).model.rotary_emb.inv_freq
+    cast = cast_float_model(copy.deepcopy(model), torch.bfloat16)
+    assert cast.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert cast.model.rotary_emb.inv_freq.dtype == torch.float32 and torch.equal(cast.model.rotary_emb.inv_freq, inv)
+    assert not torch.equal(rounded.float(), inv)  # what Module.to alone does
+    assert "model.rotary_emb.inv_freq" not in cast.state_dict()  # still a non-persistent buffer
