@@ -114,9 +114,9 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     m, k = xq.shape
     n = w.shape[0]
     key = config_key(m, n, k, group_size, w4=w4)
-    p = problem(m, n, k, group_size, sm_count(xq.device), w4=w4, gpu=xq.device.type == "cuda", tma=tma_capable(xq.device))
 
-    def cands() -> list[dict]:  # built only on a cache miss (pick_config)
+    def cands() -> list[dict]:  # the problem and its candidates are built only on a cache miss (pick_config)
+        p = problem(m, n, k, group_size, sm_count(xq.device), w4=w4, gpu=xq.device.type == "cuda", tma=tma_capable(xq.device))
         return REGISTRY.offered(p)
 
     def run(c):
