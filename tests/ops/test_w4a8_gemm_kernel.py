@@ -446,7 +446,7 @@ def test_gpu_gemv_every_config(n, k, group_size):
     for m in GEMV_M:
         args = make_w4a8(m, n, k, group_size, device="cuda", bias=(n, k) in ODD_SHAPES)
         ref = w4a8_gemm_ref(*args, group_size, torch.bfloat16)
-        cfgs = gemv_configs(m, n, k, group_size, sms, asm=True)
+        cfgs = [{"kernel": "gemv", **c} for c in gemv_configs(m, n, k, group_size, sms, asm=True)]
         assert cfgs or k % 32  # every shape here but none tiles K = 98 / 130
         for cfg in cfgs:
             assert_bitwise(run_int8_gemm(*args, torch.bfloat16, w4=True, config=cfg), ref)
@@ -456,7 +456,7 @@ def test_gpu_gemv_every_config(n, k, group_size):
 @pytest.mark.parametrize("group_size", [-1, 128])
 def test_gpu_gemv_fake_quant_and_graph(group_size):
     args = make_w4a8(3, 4096, 4096, group_size, device="cuda", out_dtype=torch.float16)
-    cfg = gemv_configs(3, 4096, 4096, group_size, 132, asm=True)[0]
+    cfg = {"kernel": "gemv", **gemv_configs(3, 4096, 4096, group_size, 132, asm=True)[0]}
     assert cfg["SPLIT_K"] > 1  # the atomics + last-arrival epilogue path
     run = lambda: run_int8_gemm(*args, torch.float16, w4=True, config=cfg)  # noqa: E731
     run()

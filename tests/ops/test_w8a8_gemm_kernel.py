@@ -252,7 +252,7 @@ def test_gpu_gemv8_every_config(n, k):
     for m in (1, 2, 3, 8):
         xq, xs, wq, ws, b = make_w8a8(m, n, k, device="cuda", bias=n == 1000)
         ref = w8a8_gemm_ref(xq, xs, wq, ws, b, torch.bfloat16)
-        cfgs = gemv8_configs(m, n, k, sms, asm=True)
+        cfgs = [{"kernel": "gemv8", **c} for c in gemv8_configs(m, n, k, sms, asm=True)]
         assert cfgs
         for cfg in cfgs:
             assert_bitwise(run_int8_gemm(xq, xs, wq, ws, None, b, torch.bfloat16, w4=False, config=cfg), ref)
