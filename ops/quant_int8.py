@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._custom_op import custom_op
 from ._validation import (
     ACT_DTYPES,
     check_dtype,
@@ -101,7 +102,7 @@ def _check_per_tensor(x: Tensor, scale: Tensor) -> None:
     check_same_device(op, "x", x, scale=scale)
 
 
-@torch.library.custom_op("qfuse::quant_per_token_int8", mutates_args=())
+@custom_op("qfuse::quant_per_token_int8")
 def quant_per_token_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     """Dynamic symmetric per-token int8 quantization; returns ``(xq, scale)``."""
     _check_per_token(x)
@@ -122,7 +123,7 @@ def _quant_per_token_int8_fake(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
 
 
-@torch.library.custom_op("qfuse::quant_per_tensor_int8", mutates_args=())
+@custom_op("qfuse::quant_per_tensor_int8")
 def quant_per_tensor_int8(x: Tensor, scale: Tensor) -> Tensor:
     """Static symmetric per-tensor int8 quantization with a calibrated float32 ``scale`` of shape [1]."""
     _check_per_tensor(x, scale)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._custom_op import custom_op
 from ._validation import ACT_DTYPES, check_dtype, check_nonempty_last, check_same_device, check_shape, check_tensor
 from .quant_int8 import quant_per_token_int8_ref
 
@@ -83,7 +84,7 @@ def _int8_and_scale_like(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.empty(x.shape, dtype=torch.int8, device=x.device), torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
 
 
-@torch.library.custom_op("qfuse::rms_norm", mutates_args=())
+@custom_op("qfuse::rms_norm")
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm with Hugging Face ``LlamaRMSNorm`` semantics."""
     _check("rms_norm", x, weight, eps)
@@ -104,7 +105,7 @@ def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("qfuse::fused_add_rms_norm", mutates_args=())
+@custom_op("qfuse::fused_add_rms_norm")
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """``residual_out = x + residual; out = rms_norm(residual_out)``; returns ``(out, residual_out)``."""
     _check("fused_add_rms_norm", x, weight, eps, residual)
@@ -125,7 +126,7 @@ def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: f
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("qfuse::rms_norm_quant", mutates_args=())
+@custom_op("qfuse::rms_norm_quant")
 def rms_norm_quant(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """``quant_per_token_int8(rms_norm(x, weight, eps))`` in one op; returns ``(xq, scale)``."""
     _check("rms_norm_quant", x, weight, eps)
@@ -146,7 +147,7 @@ def _rms_norm_quant_fake(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor,
     return _int8_and_scale_like(x)
 
 
-@torch.library.custom_op("qfuse::fused_add_rms_norm_quant", mutates_args=())
+@custom_op("qfuse::fused_add_rms_norm_quant")
 def fused_add_rms_norm_quant(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """Residual add, RMSNorm and per-token int8 quantization; returns ``(xq, scale, residual_out)``."""
     _check("fused_add_rms_norm_quant", x, weight, eps, residual)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._custom_op import custom_op
 from ._validation import ACT_DTYPES, check_dtype, check_nonempty_last, check_same_device, check_shape, check_tensor
 from .quant_int8 import quant_per_token_int8_ref
 
@@ -45,7 +46,7 @@ def _check(gate: Tensor, up: Tensor) -> None:
     check_same_device(op, "gate", gate, up=up)
 
 
-@torch.library.custom_op("qfuse::silu_and_mul_quant", mutates_args=())
+@custom_op("qfuse::silu_and_mul_quant")
 def silu_and_mul_quant(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     """``quant_per_token_int8(silu(gate) * up)`` in one op; returns ``(xq, scale)``."""
     _check(gate, up)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._custom_op import custom_op
 from ._int_matmul import int8_matmul_nt
 from ._validation import (
     check_bias,
@@ -114,7 +115,7 @@ def check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size
     return m, n, k
 
 
-@torch.library.custom_op("qfuse::w4a8_gemm", mutates_args=())
+@custom_op("qfuse::w4a8_gemm")
 def w4a8_gemm(
     xq: Tensor,
     x_scale: Tensor,

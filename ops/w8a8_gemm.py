@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._custom_op import custom_op
 from ._int_matmul import int8_matmul_nt
 from ._validation import (
     check_bias,
@@ -90,7 +91,7 @@ def check_w8a8_args(xq, x_scale, wq, w_scale, bias, out_dtype) -> tuple[int, int
     return m, n, k
 
 
-@torch.library.custom_op("qfuse::w8a8_gemm", mutates_args=())
+@custom_op("qfuse::w8a8_gemm")
 def w8a8_gemm(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, bias: Tensor | None, out_dtype: torch.dtype) -> Tensor:
     """``(xq @ wq.T) * x_scale * w_scale (+ bias)`` with an exact int32 accumulator."""
     check_w8a8_args(xq, x_scale, wq, w_scale, bias, out_dtype)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._custom_op import custom_op
 from ._validation import (
     ACT_DTYPES,
     check_bias,
@@ -129,7 +130,7 @@ def check_wna16_zeros(zeros: Tensor | None, bits: int) -> None:
     check_int_range(OP, "zeros", zeros, 0, 1 << bits, f" for bits={bits}")
 
 
-@torch.library.custom_op("qfuse::wna16_gemm", mutates_args=())
+@custom_op("qfuse::wna16_gemm")
 def wna16_gemm(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int) -> Tensor:
     """``x @ dequant(qweight).T + bias`` for 8- or 4-bit weights and fp16/bf16 activations."""
     check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size)
