@@ -14,8 +14,13 @@ calls :func:`pick_config`. Lookup order:
    the fastest is stored in the user cache file;
 
 except that (4) never runs while a CUDA graph is being captured, or when
-``QFUSE_AUTOTUNE=0``: then the first candidate (the launcher's heuristic choice)
-is used. So capture a graph only after one eager call per shape, or ship defaults.
+``QFUSE_AUTOTUNE=0``: then the pick stored for the nearest shape of the same M bucket and
+kind (group, dtype, bits) is used if the launcher offers it for this shape, else the first
+candidate (the launcher's heuristic choice). Hugging Face models keep q / k / v and gate /
+up apart (k and v are 1024 x 4096 in Llama-3-8B, gate and up 14336 x 4096) while the tables
+hold the fused shapes; the nearest shape's pick is a measured config of the same family
+where a heuristic is a guess. Still: capture a graph only after one eager call per shape,
+or ship defaults.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import statistics
 import threading
@@ -38,6 +44,7 @@ failures: dict[str, list[tuple[dict, str]]] = {}
 _lock = threading.Lock()
 _memory: dict[str, dict] = {}
 _loaded_files: set[str] = set()
+_untuned: dict[tuple, dict] = {}  # (entry key, experimental_kernels()) -> the pick made without a measurement
 
 
 def m_bucket(m: int) -> int:
@@ -131,6 +138,28 @@ def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
     tmp.replace(path)
 
 
+def nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]) -> dict | None:
+    """The stored pick (user cache or shipped table, as loaded) for the shape nearest to ``key``'s
+    ``(N, K)`` with the same M bucket and the same remaining fields, among ``candidates`` only;
+    None if there is none. Distance: ``|log2 N'/N| + 2 |log2 K'/K|`` (K sets the split-K and
+    the tile loop, so it weighs double)."""
+    if len(key) < 3 or not all(isinstance(v, int) and v > 0 for v in key[1:3]):
+        return None
+    prefix = f"{op}|{gpu}|{key[0]}|"
+    rest = [str(v) for v in key[3:]]
+    best, best_d = None, math.inf
+    for entry, cfg in list(_memory.items()):
+        if not entry.startswith(prefix):
+            continue
+        n, k, *others = entry[len(prefix) :].split("|")
+        if others != rest or cfg not in candidates:
+            continue
+        d = abs(math.log2(int(n) / key[1])) + 2 * abs(math.log2(int(k) / key[2]))
+        if d < best_d:
+            best, best_d = cfg, d
+    return best
+
+
 def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
     """The stored config for ``(op, key)`` on the GPU named ``gpu`` (``device_name``'s spelling) and
     where it is stored: the user cache (:func:`cache_path`) first, then the shipped table; None if
@@ -222,14 +251,22 @@ def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[
         hit = _memory.get(entry_key)
     if hit is not None:
         return hit
+    untuned = capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda"
+    memo = (entry_key, experimental_kernels())
+    if untuned and memo in _untuned:  # before the candidate list: building it costs 15-70 us per call
+        return _untuned[memo]
     if callable(candidates):
         candidates = candidates()
     if not candidates:
         raise ValueError(f"pick_config({op}): no candidate configs")
     if len(candidates) == 1:
         return candidates[0]
-    if capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda":
-        return candidates[0]
+    if untuned:
+        if device.type != "cuda":
+            return candidates[0]
+        with _lock:  # the search reads every stored entry: once per key
+            _untuned[memo] = nearest_stored(op, gpu, key, candidates) or candidates[0]
+        return _untuned[memo]
     best, best_ms, failed = None, float("inf"), []
     for cfg in candidates:
         try:

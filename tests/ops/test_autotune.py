@@ -15,6 +15,7 @@ from qfuse.ops import _autotune
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(_autotune, "_memory", {})
     monkeypatch.setattr(_autotune, "_loaded_files", set())
+    monkeypatch.setattr(_autotune, "_untuned", {})
     monkeypatch.setattr(_autotune, "_TUNED_DIR", tmp_path / "tuned")
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "user.json"))
     return tmp_path
@@ -89,3 +90,22 @@ def test_shipped_int8_picks_are_not_opt_in(name):
     assert shipped
     opt_in = [key for key, cfg in shipped.items() if is_experimental(cfg)]
     assert not opt_in, opt_in
+
+
+def test_nearest_stored_pick_of_the_same_m_bucket_and_kind(fresh_cache):
+    _autotune._memory.update(
+        {
+            "op|G|1|4096|4096|128": {"B": 1},
+            "op|G|1|28672|4096|128": {"B": 2},
+            "op|G|1|4096|14336|128": {"B": 3},
+            "op|G|16|1024|4096|128": {"B": 4},  # another M bucket
+            "op|G|1|1024|4096|-1": {"B": 5},  # another group size
+        }
+    )
+    offered = [{"B": b} for b in (0, 1, 2, 3, 4, 5)]
+    assert _autotune.nearest_stored("op", "G", (1, 1024, 4096, 128), offered) == {"B": 1}
+    assert _autotune.nearest_stored("op", "G", (1, 14336, 4096, 128), offered) == {"B": 2}  # log-nearer 28672 than 4096
+    assert _autotune.nearest_stored("op", "G", (1, 4096, 12288, 128), offered) == {"B": 3}  # K weighs double
+    assert _autotune.nearest_stored("op", "G", (1, 1024, 4096, 128), [{"B": 0}, {"B": 3}]) == {"B": 3}  # offered ones only
+    assert _autotune.nearest_stored("op", "G", (2, 1024, 4096, 128), offered) is None
+    assert _autotune.nearest_stored("op", "G", (1, 64), offered) is None  # keys without (N, K)
