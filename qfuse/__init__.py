@@ -23,7 +23,7 @@ _map_source_subpackages()
 
 from . import ops  # noqa: E402  (registers torch.ops.qfuse.*)
 from .checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
-from .compile import compile, inductor_options  # noqa: E402,A004  (imports qfuse.passes lazily)
+from .compile import compile, compile_config, inductor_options  # noqa: E402,A004  (imports qfuse.passes lazily)
 from .formats import CheckpointError  # noqa: E402
 from .linear import QuantLinear  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
@@ -37,6 +37,7 @@ __all__ = [
     "SCHEMES",
     "Scheme",
     "compile",
+    "compile_config",
     "from_pretrained",
     "get_scheme",
     "inductor_options",

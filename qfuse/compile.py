@@ -7,9 +7,18 @@ Nothing here touches global Inductor config; the passes live in the options of
 that one compile. ``torch.compile`` refuses ``mode=`` together with ``options=``,
 so ``qfuse.compile`` turns a ``mode`` into its Inductor options
 (``torch._inductor.list_mode_options``) and merges them.
+
+Generation: ``model.generate`` of Hugging Face models calls the module's own forward, never
+a ``torch.compile`` wrapper around it, so ``torch.compile(model).generate(...)`` runs eagerly.
+transformers compiles the decode steps itself when the cache is static and a ``compile_config``
+is given; :func:`compile_config` builds one with the qfuse passes, and ``qfuse.compile`` of a
+model that has ``generate`` returns a module whose ``generate`` uses it (static cache, decode
+steps compiled, the prompt's prefill eager, as transformers does).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -25,19 +34,14 @@ def inductor_options(config=None, **config_fields) -> dict:
     return _options(config, **config_fields)
 
 
-def compile(model, *, passes: bool = True, pass_config=None, **torch_compile_kwargs):  # noqa: A001 - mirrors torch.compile
-    """``torch.compile(model, **torch_compile_kwargs)`` with the qfuse passes installed.
-
-    ``passes=False`` compiles without them (same call otherwise, for A/B runs).
-    ``pass_config``: a :class:`qfuse.passes.PassConfig`. A pass the caller already put in
-    ``options["post_grad_custom_post_pass"]`` runs after qfuse's.
-    """
-    kwargs = dict(torch_compile_kwargs)
+def _compile_kwargs(passes: bool, pass_config, kwargs: dict) -> dict:
+    """``torch.compile`` keyword arguments with the passes merged into ``options``."""
+    kwargs = dict(kwargs)
     backend = kwargs.get("backend", "inductor")
     if backend != "inductor":
         raise ValueError(f"qfuse.compile: the fusion passes need backend='inductor', got backend={backend!r}")
     if not passes:
-        return torch.compile(model, **kwargs)
+        return kwargs
     mode = kwargs.pop("mode", None)
     options = dict(kwargs.pop("options", None) or {})
     if mode not in (None, "default"):
@@ -47,4 +51,60 @@ def compile(model, *, passes: bool = True, pass_config=None, **torch_compile_kwa
     from qfuse.passes import inductor_options as _options
 
     options.update(_options(pass_config, then=options.get("post_grad_custom_post_pass")))
-    return torch.compile(model, options=options, **kwargs)
+    return {**kwargs, "options": options}
+
+
+def compile(model, *, passes: bool = True, pass_config=None, **torch_compile_kwargs):  # noqa: A001 - mirrors torch.compile
+    """``torch.compile(model, **torch_compile_kwargs)`` with the qfuse passes installed.
+
+    ``passes=False`` compiles without them (same call otherwise, for A/B runs).
+    ``pass_config``: a :class:`qfuse.passes.PassConfig`. A pass the caller already put in
+    ``options["post_grad_custom_post_pass"]`` runs after qfuse's.
+    A model with ``generate`` (Hugging Face) gets a ``generate`` that compiles the decode steps
+    (see the module docstring and :func:`compile_config`).
+    """
+    compiled = torch.compile(model, **_compile_kwargs(passes, pass_config, torch_compile_kwargs))
+    if isinstance(model, torch.nn.Module) and callable(getattr(model, "generate", None)):
+        config = compile_config(passes=passes, pass_config=pass_config, **torch_compile_kwargs)
+        compiled.generate = _generate_compiled(model.generate, config)
+    return compiled
+
+
+def compile_config(*, passes: bool = True, pass_config=None, fullgraph: bool = True, dynamic: bool | None = False, **torch_compile_kwargs):
+    """A ``transformers.CompileConfig`` that compiles ``generate``'s decode steps with the qfuse passes.
+
+        out = model.generate(ids, cache_implementation="static", compile_config=qfuse.compile_config())
+
+    transformers compiles only with a static cache; it also does so on the CPU here (its
+    default compiles on CUDA only). Arguments as :func:`compile`; ``mode`` (transformers'
+    default: "reduce-overhead") is folded into the options, and none is set by default.
+    """
+    from transformers import CompileConfig
+
+    kwargs = _compile_kwargs(passes, pass_config, {"fullgraph": fullgraph, "dynamic": dynamic, **torch_compile_kwargs})
+    config = CompileConfig(
+        fullgraph=kwargs.pop("fullgraph"),
+        dynamic=kwargs.pop("dynamic"),
+        backend=kwargs.pop("backend", "inductor"),
+        mode=kwargs.pop("mode", None),
+        options=kwargs.pop("options", None),
+    )
+    if kwargs:
+        raise TypeError(f"qfuse.compile_config: transformers' CompileConfig takes no {', '.join(sorted(kwargs))}")
+    config._compile_all_devices = True
+    return config
+
+
+def _generate_compiled(generate, config):
+    """``generate`` with a static cache and ``config`` unless the call names its own."""
+
+    @functools.wraps(generate)
+    def generate_with_compiled_steps(*args, **kwargs):
+        generation_config = kwargs.get("generation_config")
+        if kwargs.get("cache_implementation") is None and getattr(generation_config, "cache_implementation", None) is None:
+            if kwargs.get("past_key_values") is None:
+                kwargs["cache_implementation"] = "static"
+        kwargs.setdefault("compile_config", config)
+        return generate(*args, **kwargs)
+
+    return generate_with_compiled_steps

@@ -1,0 +1,80 @@
+"""qfuse.compile / qfuse.compile_config: the passes in the options, and ``generate`` compiled.
+
+The SmolLM2 test is the end-to-end check: the real model quantized W4A8_G128 generates the same
+greedy tokens eagerly and with its decode steps compiled (fusion passes firing), on the CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import qfuse
+from qfuse.passes import counters, reset_counters
+from qfuse.passes.manager import QfusePostGradPass
+
+
+class _Recorder(torch.nn.Module):
+    """A module with a ``generate`` that records its keyword arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.calls = []
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def generate(self, ids, **kwargs):
+        self.calls.append(kwargs)
+        return ids
+
+
+def test_compile_config_carries_the_passes():
+    cfg = qfuse.compile_config()
+    assert isinstance(cfg.options["post_grad_custom_post_pass"], QfusePostGradPass)
+    assert (cfg.fullgraph, cfg.dynamic, cfg.mode, cfg.backend) == (True, False, None, "inductor")
+    assert cfg._compile_all_devices  # transformers would compile on CUDA only
+    folded = qfuse.compile_config(mode="max-autotune-no-cudagraphs")
+    assert folded.mode is None and folded.options["max_autotune"] is True  # torch.compile refuses mode with options
+    plain = qfuse.compile_config(passes=False)
+    assert plain.options is None
+    with pytest.raises(ValueError, match="backend='inductor'"):
+        qfuse.compile_config(backend="eager")
+    with pytest.raises(TypeError, match="CompileConfig takes no disable"):
+        qfuse.compile_config(disable=True)
+
+
+def test_compiled_models_generate_uses_a_static_cache_and_the_compile_config():
+    model = _Recorder()
+    compiled = qfuse.compile(model)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    assert compiled.generate(ids, max_new_tokens=2) is ids
+    kwargs = model.calls[-1]
+    assert kwargs["cache_implementation"] == "static" and kwargs["max_new_tokens"] == 2
+    assert isinstance(kwargs["compile_config"].options["post_grad_custom_post_pass"], QfusePostGradPass)
+    own = object()
+    compiled.generate(ids, cache_implementation="dynamic", compile_config=own)  # the caller's choices stand
+    assert model.calls[-1]["cache_implementation"] == "dynamic" and model.calls[-1]["compile_config"] is own
+    compiled.generate(ids, past_key_values="a cache")  # a cache passed in: no cache_implementation added
+    assert "cache_implementation" not in model.calls[-1]
+    assert not hasattr(qfuse.compile(torch.nn.Linear(4, 4)), "generate")
+
+
+def test_smollm2_generates_the_same_tokens_eager_and_compiled(smollm2):
+    float_model, tok = smollm2
+    model = qfuse.models.cast_float_model(copy.deepcopy(float_model), torch.bfloat16)
+    qfuse.quantize_model(model, "W4A8_G128", progress=False)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt")
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    kwargs = dict(max_new_tokens=8, do_sample=False)
+    with torch.inference_mode(), torch._inductor.config.patch(force_disable_caches=True):  # a cached graph runs no pass
+        eager = model.generate(ids, cache_implementation="static", **kwargs)
+        reset_counters()
+        compiled = qfuse.compile(model).generate(ids, **kwargs)
+    assert hasattr(model, "_compiled_call")  # transformers ran the decode steps through the compiled forward
+    assert counters["add_rms_norm_quant"] > 0 and counters["silu_and_mul_quant"] > 0  # with the passes
+    new = eager[0, ids.shape[1] :]
+    assert len(new) == 8 and "Paris" in tok.decode(new)
+    assert torch.equal(compiled, eager), (tok.decode(new), tok.decode(compiled[0, ids.shape[1] :]))
