@@ -207,6 +207,33 @@ def _act_order(rows: list[Row]) -> list[Column]:
     ]
 
 
+def _model(rows: list[Row]) -> list[Column]:
+    return [
+        ("case", _text("case")),
+        ("mode", _text("mode")),
+        ("batch", _text("batch")),
+        ("tokens", _text("tokens")),
+        ("ms", _us("ms")),
+        ("tokens/s", _text("tokens_per_s")),
+        ("x bf16", _text("x_bf16")),
+        ("weights GB", _text("weight_gb")),
+        ("peak GB", _text("peak_gb")),
+        ("compile s", _text("compile_s")),
+    ]
+
+
+def _eager(rows: list[Row]) -> list[Column]:
+    return [
+        ("call", _text("what")),
+        ("M", _text("m")),
+        ("N x K", lambda r: f"{r['n']} x {r['k']}" if r.get("k") not in (None, "", "0") else r["n"]),
+        ("host us", _us("host_us")),
+        ("wall us", _us("wall_us")),
+        ("GPU us", _us("gpu_us")),
+        ("tree", _text("tree")),
+    ]
+
+
 # (columns that tell the kind, its table); the first match wins
 KINDS: list[tuple[set[str], Callable[[list[Row]], list[Column]]]] = [
     ({"op_us", "bf16_us", "bits"}, _wna16),
@@ -215,6 +242,8 @@ KINDS: list[tuple[set[str], Callable[[list[Row]], list[Column]]]] = [
     ({"fused_us", "unfused_us", "inductor_us"}, _norm_quant),
     ({"passes_us", "no_passes_us"}, _decoder),
     ({"plain_us", "compiled_act_order_us"}, _act_order),
+    ({"tokens_per_s", "x_bf16", "mode"}, _model),
+    ({"host_us", "wall_us", "gpu_us"}, _eager),
 ]
 
 

@@ -1,0 +1,346 @@
+"""``qfuse bench model``: a whole Hugging Face decoder, quantized, eager and compiled, against bf16 and torchao.
+
+Per case (bf16; a qfuse scheme, its int8-activation ones with the fusion passes on and off;
+torchao int4 weight-only in the tinygemm layout and int8 dynamic when torchao imports) one
+model with random bf16 weights is built on the GPU (lm_head stays bf16), quantized, and run:
+
+* ``decode``: one new token per sequence at position ``--context`` of a ``StaticCache``
+  (attention over the whole cached context), the logits included. ``eager``: the module
+  called from Python, each step synchronized (what ``model.generate`` without compile pays).
+  ``compiled``: ``qfuse.compile`` / ``torch.compile`` (``fullgraph=True, dynamic=False``) of
+  the step, then one CUDA graph of it captured here and replayed (transformers' own
+  ``mode="reduce-overhead"`` with ``StaticCache`` crashed on transformers 5.17).
+* ``prefill``: one sequence of ``--prefill`` tokens, compiled, timed as a CUDA graph; the
+  last token's logits only, as a server computes them, and no cache written (Inductor's CPU
+  code for a ``StaticCache`` prefill failed a bounds check on torch 2.13).
+
+Columns: ``ms`` (median per step), ``tokens_per_s``, ``x_bf16`` (bf16's ms / this ms, same
+mode and batch), ``weight_gb`` (parameters and buffers, the KV cache not included),
+``peak_gb`` (``max_memory_allocated`` over the case), ``compile_s`` (the first compiled call
+of that mode and batch: Dynamo + Inductor + Triton, every qfuse kernel already autotuned by
+the eager warm-up). Rows go to the CSV as each case ends, so a run stopped by a time limit
+keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ._device import require_cuda
+from .timing import write_csv
+
+MODELS = {  # architecture, config fields (the published shapes; weights are random)
+    "llama3-8b": (
+        "llama",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            rope_theta=500000.0,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+        ),
+    ),
+    "qwen2-7b": (
+        "qwen2",
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            rope_theta=1000000.0,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+        ),
+    ),
+    # CPU-sized, for the tests of this module
+    "tiny": (
+        "llama",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            max_position_embeddings=4096,
+        ),
+    ),
+}
+QFUSE_CASES = ("W4A16", "W8A16", "W8A8", "W4A8", "W4A8_G128")
+TORCHAO_CASES = ("torchao-int4", "torchao-int8dq")
+DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao-int4")
+
+
+def model_config(name: str, layers: int | None = None):
+    from transformers import LlamaConfig, Qwen2Config
+
+    arch, fields = MODELS[name]
+    fields = dict(fields)
+    if layers:
+        fields["num_hidden_layers"] = layers
+    config = (LlamaConfig if arch == "llama" else Qwen2Config)(**fields)
+    config.use_cache = True
+    return config
+
+
+def build_model(config, case: str, device: str):
+    """The random-weight bf16 model of ``config`` with ``case``'s quantization applied."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    scheme = case.split(":")[0]
+    if scheme in QFUSE_CASES:
+        import qfuse
+
+        qfuse.quantize_model(model, scheme, progress=False)
+    elif scheme == "torchao-int4":
+        from torchao.quantization import Int4WeightOnlyConfig, quantize_
+
+        quantize_(model, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"), filter_fn=_torchao_filter)
+    elif scheme == "torchao-int8dq":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+        quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_torchao_filter)
+    elif scheme != "bf16":
+        raise ValueError(f"unknown case {case!r}; choose from bf16, {', '.join(QFUSE_CASES + TORCHAO_CASES)} (':nopasses' for qfuse)")
+    return model
+
+
+def _torchao_filter(module, name: str) -> bool:
+    return isinstance(module, torch.nn.Linear) and not name.endswith("lm_head")
+
+
+def weight_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+class DecodeStep:
+    """``model``'s forward at a fixed position of a ``StaticCache``: ``step(ids, pos) -> logits``."""
+
+    def __init__(self, model, max_len: int):
+        from transformers import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+
+    def __call__(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        positions = pos.unsqueeze(0).expand(ids.shape[0], -1)
+        out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=pos, position_ids=positions, use_cache=True)
+        return out.logits
+
+
+class PrefillStep:
+    """``model``'s forward over a whole prompt, the next token's logits only (as a server computes them)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+
+def compile_step(step, case: str):
+    import qfuse
+
+    if case.split(":")[0] in QFUSE_CASES:
+        return qfuse.compile(step, passes=not case.endswith(":nopasses"), fullgraph=True, dynamic=False)
+    return torch.compile(step, fullgraph=True, dynamic=False)
+
+
+def time_eager(fn, args, steps: int) -> float:
+    """Median ms of ``fn(*args)`` called from Python, synchronized after each call."""
+    fn(*args)
+    _sync(args[0].device)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn(*args)
+        _sync(args[0].device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def time_captured(fn, args, replays: int) -> float:
+    """Median ms of one CUDA-graph replay of ``fn(*args)`` (captured after a warm-up on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_case(case: str, args, log=print) -> list[dict]:
+    device = args.device
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    torch._dynamo.reset()  # each case's compiles start from nothing (and stay under the recompile limit)
+    config = model_config(args.model, args.layers)
+    t0 = time.perf_counter()
+    model = build_model(config, case, device)
+    base = {"model": args.model, "layers": config.num_hidden_layers, "case": case, "weight_gb": round(weight_bytes(model) / 1e9, 6)}
+    log(f"[model] {case}: built and quantized in {time.perf_counter() - t0:.1f} s, {base['weight_gb']} GB of weights")
+    rows = []
+    vocab = config.vocab_size
+    with torch.inference_mode():
+        for batch in args.batches:
+            step = DecodeStep(model, args.context + 8)
+            ids = torch.randint(0, vocab, (batch, 1), device=device)
+            pos = torch.tensor([args.context], device=device)
+            if batch in args.eager_batches:
+                ms = time_eager(step, (ids, pos), args.steps)
+                rows.append({**base, "mode": "eager", "batch": batch, "tokens": 1, "ms": round(ms, 4), "tokens_per_s": round(batch / ms * 1e3, 1)})
+                log(f"[model] {case} eager batch {batch}: {ms:.3f} ms")
+            if args.no_compile:
+                continue
+            compiled = compile_step(step, case)
+            t0 = time.perf_counter()
+            compiled(ids, pos)
+            _sync(ids.device)
+            compile_s = time.perf_counter() - t0
+            ms = time_captured(compiled, (ids, pos), args.replays) if cuda else time_eager(compiled, (ids, pos), args.steps)
+            rows.append(
+                {
+                    **base,
+                    "mode": "compiled",
+                    "batch": batch,
+                    "tokens": 1,
+                    "ms": round(ms, 4),
+                    "tokens_per_s": round(batch / ms * 1e3, 1),
+                    "compile_s": round(compile_s, 1),
+                }
+            )
+            log(f"[model] {case} compiled batch {batch}: {ms:.3f} ms (compile {compile_s:.0f} s)")
+            del compiled, step
+        if args.prefill and not args.no_compile:
+            ids = torch.randint(0, vocab, (1, args.prefill), device=device)
+            compiled = compile_step(PrefillStep(model), case)
+            t0 = time.perf_counter()
+            compiled(ids)
+            _sync(ids.device)
+            compile_s = time.perf_counter() - t0
+            ms = time_captured(compiled, (ids,), max(3, args.replays // 4)) if cuda else time_eager(compiled, (ids,), 2)
+            rows.append(
+                {
+                    **base,
+                    "mode": "prefill",
+                    "batch": 1,
+                    "tokens": args.prefill,
+                    "ms": round(ms, 4),
+                    "tokens_per_s": round(args.prefill / ms * 1e3, 1),
+                    "compile_s": round(compile_s, 1),
+                }
+            )
+            log(f"[model] {case} prefill {args.prefill}: {ms:.3f} ms (compile {compile_s:.0f} s)")
+            del compiled
+    peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
+    for r in rows:
+        r["peak_gb"] = round(peak, 3)
+    del model
+    gc.collect()
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """``x_bf16``: bf16's ms over the row's ms, for the same mode, batch and tokens."""
+    bf16 = {(r["mode"], r["batch"], r["tokens"]): r["ms"] for r in rows if r["case"] == "bf16"}
+    for r in rows:
+        ref = bf16.get((r["mode"], r["batch"], r["tokens"]))
+        r["x_bf16"] = round(ref / r["ms"], 3) if ref else ""
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """One panel per (mode, batch): x bf16 per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys((r["mode"], r["batch"]) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8), squeeze=False)
+    for ax, (mode, batch) in zip(axes.flat, panels):
+        sub = [r for r in rows if (r["mode"], r["batch"]) == (mode, batch) and r["x_bf16"] != ""]
+        ax.bar([r["case"] for r in sub], [r["x_bf16"] for r in sub], color=["gray" if r["case"] == "bf16" else "C0" for r in sub])
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_title(f"{mode}, batch {batch}" if mode != "prefill" else f"prefill {sub[0]['tokens'] if sub else ''}")
+        ax.set_ylabel("x bf16 (higher is faster)")
+        ax.tick_params(axis="x", rotation=60, labelsize=7)
+    fig.suptitle(f"qfuse bench model: {rows[0]['model']}, {rows[0]['layers']} layers")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="qfuse bench model", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama3-8b")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the model's)")
+    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), help="bf16, qfuse schemes (SCHEME:nopasses), torchao-int4, torchao-int8dq")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--eager-batches", type=int, nargs="*", default=[1, 16], help="batches also timed in eager mode")
+    ap.add_argument("--context", type=int, default=1024, help="cached tokens each decode step attends to")
+    ap.add_argument("--prefill", type=int, default=2048, help="prompt length of the prefill row (0: none)")
+    ap.add_argument("--steps", type=int, default=10, help="eager steps timed")
+    ap.add_argument("--replays", type=int, default=20, help="CUDA-graph replays timed")
+    ap.add_argument("--no-compile", action="store_true", help="eager rows only")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny model
+    ap.add_argument("--out", type=Path, default=Path("bench_model"))
+    args = ap.parse_args(argv)
+    if args.device == "cuda":
+        require_cuda("model")
+    rows: list[dict] = []
+    for case in args.cases:
+        try:
+            rows += run_case(case, args)
+        except Exception as e:  # a peer that does not install or a case that fails must not cost the others
+            print(f"[model] {case}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            rows.append({"model": args.model, "case": case, "mode": "failed", "error": f"{type(e).__name__}: {e}"[:300]})
+        ok = [r for r in rows if r.get("mode") != "failed"]
+        add_ratios(ok)
+        write_csv(rows, args.out / "model.csv")
+    ok = [r for r in rows if r.get("mode") != "failed"]
+    if ok:
+        plot(ok, args.out / "model.png")
+        for r in ok:
+            print(
+                f"{r['case']:<16} {r['mode']:<9} batch {r['batch']:>3} {r['ms']:>9.3f} ms {r['tokens_per_s']:>10.1f} tok/s  x bf16 {r['x_bf16']!s:>6}"
+                f"  weights {r['weight_gb']} GB  peak {r['peak_gb']} GB  compile {r.get('compile_s', '')}"
+            )
+    return 0 if len(ok) == len(rows) else 1
