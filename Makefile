@@ -31,8 +31,11 @@ test: $(STAMP)
 # On a CUDA machine (torch + triton already installed; run from the repository root, no
 # install needed): the GPU kernel grids, which all live in tests/ops. Environment knobs:
 # QFUSE_GPU_SHARD=i/n (one shard of the grid per process), QFUSE_GPU_GRID_M=1,2 (some M only).
+# GPU_TEST_ARGS="-n 14" spreads the tests over processes with pytest-xdist (Triton compiles
+# dominate a fresh machine, and they run on the CPU cores).
+GPU_TEST_ARGS ?=
 gpu-test:
-	$(PYTHON) -m pytest -q -m gpu tests/ops
+	$(PYTHON) -m pytest -q -m gpu tests/ops $(GPU_TEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
