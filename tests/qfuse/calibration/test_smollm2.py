@@ -41,11 +41,14 @@ def _ppl(setup, scheme, recipe, saved_to=None):
     return perplexity(quantized, windows, progress=False).ppl, perplexity(simulation, windows, progress=False).ppl
 
 
-@pytest.mark.parametrize(("scheme", "recipe", "max_ratio"), [("W4A16", "gptq", 0.35), ("W4A8_G128", "sq+gptq", 0.5)])
+# One scheme on the real model (each costs 80-120 s of CI's 2 cores): W4A8_G128 with SmoothQuant +
+# GPTQ runs both algorithms and the group-64 fallback of K = 576. W4A16 + GPTQ measured the same
+# way: ratio 0.21 (bf16 ppl 20.07 -> RTN 33.23 -> GPTQ 22.83); on tiny models in test_pipeline.py.
+@pytest.mark.parametrize(("scheme", "recipe", "max_ratio"), [("W4A8_G128", "sq+gptq", 0.5)])
 def test_calibration_beats_round_to_nearest_and_matches_its_simulation(setup, scheme, recipe, max_ratio, tmp_path):
     """Perplexity increase over the bf16 model: calibrated / RTN below ``max_ratio``
-    (measured on the CPU: W4A16 0.21, bf16 ppl 20.07 -> RTN 33.23 -> GPTQ 22.83; W4A8_G128 0.35,
-    RTN 34.82 -> SmoothQuant + GPTQ 25.21); ops and simulation print the same."""
+    (measured on the CPU: W4A8_G128 0.35, bf16 ppl 20.07 -> RTN 34.82 -> SmoothQuant + GPTQ 25.21);
+    ops and simulation print the same."""
     base_ppl = setup[3]
     rtn, rtn_sim = _ppl(setup, scheme, None)
     cal, cal_sim = _ppl(setup, scheme, recipe, saved_to=tmp_path)
