@@ -175,28 +175,10 @@ def time_eager(fn, args, steps: int) -> float:
 
 
 def time_captured(fn, args, replays: int) -> float:
-    """Median ms of one CUDA-graph replay of ``fn(*args)`` (captured after a warm-up on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(*args)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times)
+    """Median ms of one CUDA-graph replay of ``fn(*args)`` (the autotuner's graph timing)."""
+    from qfuse.ops._autotune import graph_time_ms
+
+    return graph_time_ms([lambda: fn(*args)], replays=replays)
 
 
 def _sync(device: torch.device) -> None:

@@ -4,7 +4,7 @@ For each key of the shipped tables (``ops/tuned/<op>.<gpu>.json`` of the tree gi
 ``--tables``: ``wna16_gemm``, ``w8a8_gemm``, ``w4a8_gemm``), the op is called at that key's
 shape (M = the key's M bucket; symmetric weights; random data) with autotuning off and an
 empty user cache, so the dispatcher runs its shipped pick, and timed as replays of one CUDA
-graph that cycles through enough weight copies to stream 3x the L2 per replay (timing.py).
+graph that cycles through enough weight copies to stream 3x the L2 per replay (``timing.copies_for``).
 
 The module needs only ``torch``, the public ops and ``qfuse.quantizers``, so it also runs
 against an older checkout: ``PYTHONPATH=OLD python3 qfuse/bench/picks.py --tables ops/tuned
@@ -32,7 +32,6 @@ if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(_
     del sys.path[0]  # run as a file: this folder's modules must not shadow top-level ones
 
 OPS = ("wna16_gemm", "w8a8_gemm", "w4a8_gemm")
-L2_BYTES = 60 * 2**20
 FIELDS = ("op", "m", "n", "k", "group", "dtype", "bits", "us", "tree")
 
 
@@ -59,6 +58,7 @@ def build_calls(row: dict):
     import torch
 
     import qfuse  # noqa: F401  (registers torch.ops.qfuse.*)
+    from qfuse.bench.timing import copies_for
     from qfuse.quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
 
     m, n, k, g = row["m"], row["n"], row["k"], row["group"]
@@ -67,7 +67,6 @@ def build_calls(row: dict):
     if row["op"] == "wna16_gemm":
         t = quantize_wna16(w, row["bits"], g, True, dtype)
         x = torch.randn(m, k, device="cuda").to(dtype)
-        weight_bytes = sum(v.numel() * v.element_size() for v in t.values() if v is not None)
 
         def call(t):
             return lambda: torch.ops.qfuse.wna16_gemm(x, t["qweight"], t["scales"], t["zeros"], None, row["bits"], g)
@@ -87,8 +86,7 @@ def build_calls(row: dict):
             def call(t):
                 return lambda: torch.ops.qfuse.w4a8_gemm(xq, x_scale, t["qweight"], t["w_scale"], t["group_scale"], None, g, dtype)
 
-        weight_bytes = sum(v.numel() * v.element_size() for v in t.values() if v is not None)
-    copies = max(2, min(32, math.ceil(3 * L2_BYTES / weight_bytes)))
+    copies = copies_for(sum(v.numel() * v.element_size() for v in t.values() if v is not None), max_copies=32)
     tables = [t] + [{name: None if v is None else v.clone() for name, v in t.items()} for _ in range(copies - 1)]
     return [call(c) for c in tables]
 
