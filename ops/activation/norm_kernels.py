@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from .._exact_triton import div_rn, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
+from .._launch import launch
 from .quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
 # Every kernel views a row chunk as a [BLOCK // 8, 8] tile. Why: the float sum of
@@ -160,7 +161,7 @@ def _launch(x, residual, weight, eps, quant: bool, max_row_block: int):
         cfg = row_config(h, max_row_block)
         dummy = x  # stands in for pointers a variant never touches
         with device_guard(x):
-            _rms_norm_kernel[(m,)](
+            launch(_rms_norm_kernel, (m,),
                 x, residual if residual is not None else dummy, weight,
                 out if out is not None else dummy, res_out if res_out is not None else dummy,
                 xq if xq is not None else dummy, scale if scale is not None else dummy,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .._exact_triton import interpreting, next_power_of_2, per_token_scale, quantize_int8, quantize_int8_row
+from .._launch import launch
 
 # Rows up to this many elements stay in registers: 32768 fp32 over 32 warps is
 # 32 values a thread. Longer rows are processed in LOOP_BLOCK chunks.
@@ -100,9 +101,9 @@ def quant_per_token_int8_triton(x: torch.Tensor, max_row_block: int = MAX_ROW_BL
     if m > 0:
         cfg = row_config(h, max_row_block)
         with device_guard(x):
-            _quant_per_token_kernel[(m,)](
+            launch(_quant_per_token_kernel, (m,),
                 x, xq, scale, h, BLOCK=cfg["BLOCK"], SINGLE=cfg["SINGLE"], INTERPRET=interpreting(), num_warps=cfg["num_warps"]
-            )
+            )  # fmt: skip
     return xq, scale
 
 
@@ -113,7 +114,7 @@ def quant_per_tensor_int8_triton(x: torch.Tensor, scale: torch.Tensor) -> torch.
     n = x.numel()
     if n > 0:
         with device_guard(x):
-            _quant_per_tensor_kernel[(triton.cdiv(n, PER_TENSOR_BLOCK),)](
+            launch(_quant_per_tensor_kernel, (triton.cdiv(n, PER_TENSOR_BLOCK),),
                 x, scale, xq, n, BLOCK=PER_TENSOR_BLOCK, INTERPRET=interpreting(), num_warps=8
-            )
+            )  # fmt: skip
     return xq

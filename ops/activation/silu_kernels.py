@@ -32,6 +32,7 @@ import triton.language as tl
 
 from .._autotune import m_bucket, pick_config
 from .._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
+from .._launch import launch
 from .quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
 
@@ -135,11 +136,13 @@ def _run(gate, up, out, xq, scale, m, h, quant, cfg):
         chunks = triton.cdiv(h, cfg["BLOCK"])
         hbuf = torch.empty((m, h), dtype=gate.dtype, device=gate.device)
         amax = torch.empty((m, chunks), dtype=torch.float32, device=gate.device)
-        _silu_mul_chunk_kernel[(m, chunks)](gate, up, hbuf, amax, h, chunks, BLOCK=cfg["BLOCK"], INTERPRET=interpreting(), num_warps=cfg["num_warps"])
-        _quant_chunk_kernel[(m, chunks)](hbuf, amax, xq, scale, h, chunks, BLOCK=cfg["BLOCK"], S_BLOCK=max(2, triton.next_power_of_2(chunks)),
-                                         INTERPRET=interpreting(), num_warps=cfg["num_warps"])  # fmt: skip
+        launch(_silu_mul_chunk_kernel, (m, chunks),
+               gate, up, hbuf, amax, h, chunks, BLOCK=cfg["BLOCK"], INTERPRET=interpreting(), num_warps=cfg["num_warps"])  # fmt: skip
+        launch(_quant_chunk_kernel, (m, chunks),
+               hbuf, amax, xq, scale, h, chunks, BLOCK=cfg["BLOCK"], S_BLOCK=max(2, triton.next_power_of_2(chunks)),
+               INTERPRET=interpreting(), num_warps=cfg["num_warps"])  # fmt: skip
         return
-    _silu_and_mul_kernel[(m,)](
+    launch(_silu_and_mul_kernel, (m,),
         gate, up, out if out is not None else dummy, xq if xq is not None else dummy,
         scale if scale is not None else dummy, h,
         QUANT=quant, BLOCK=cfg["BLOCK"], SINGLE=cfg["SINGLE"], INTERPRET=interpreting(), num_warps=cfg["num_warps"],

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from .._autotune import split_k_choices
+from .._launch import launch
 from .._views import aligned_view
 from .._zeroed_workspace import zeroed_int32
 from ..jit_utils import split4
@@ -254,7 +255,7 @@ def run_w4a8_gemv(xq, x_scale, qweight, w_scale, group_scale, bias, out_dtype, *
         acc_ws = counts = out  # never touched without split-K
     x_words = aligned_view(xq.contiguous(), torch.int32)  # [M, K // 4]
     w_words = aligned_view(qweight, torch.int32)  # [N, K // 8]
-    _w4a8_gemv_kernel[grid](
+    launch(_w4a8_gemv_kernel, grid,
         x_words, x_scale.reshape(-1).contiguous(), w_words, w_scale,
         group_scale if group_scale is not None else w_scale, bias if bias is not None else w_scale,
         out, acc_ws, counts,

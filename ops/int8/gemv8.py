@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._launch import launch
 from .._views import aligned_view
 from .._zeroed_workspace import zeroed_int32
 from ..jit_utils import split4
@@ -122,7 +123,7 @@ def run_w8a8_gemv(xq, x_scale, wq, w_scale, bias, out_dtype, *, config: dict):
         acc_ws, counts = buf[: m * n], buf[m * n :]
     else:
         acc_ws = counts = out  # never touched without split-K
-    _w8a8_gemv_kernel[grid](
+    launch(_w8a8_gemv_kernel, grid,
         aligned_view(xq.contiguous(), torch.int32), x_scale.reshape(-1).contiguous(), aligned_view(wq, torch.int32), w_scale,
         bias if bias is not None else w_scale, out, acc_ws, counts,
         m, n, k // 16, k // 4 // split,

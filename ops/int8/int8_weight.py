@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
 from .tile import run_int8_tile, tile_configs
@@ -76,7 +77,7 @@ def w4_to_int8(qweight, group_scale, block_n: int = 32, block_w: int = 64):
     kw = k // 8
     groups = group_scale.shape[1] if group_scale is not None else 1
     grid = (triton.cdiv(n, block_n), triton.cdiv(kw, block_w))
-    _w4_to_int8_kernel[grid](
+    launch(_w4_to_int8_kernel, grid,
         aligned_view(qweight, torch.int32), group_scale if group_scale is not None else qweight, out.view(torch.int32),
         n, kw, groups, kw // groups, GROUPED=group_scale is not None, BLOCK_N=block_n, BLOCK_W=block_w, num_warps=4,
     )  # fmt: skip

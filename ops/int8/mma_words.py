@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from .._autotune import m_bucket, sm_count, split_k_choices
+from .._launch import launch
 from .._zeroed_workspace import zeroed_int32
 from ..kernel_family import KernelFamily, Problem
 from .common import finish_tile, nibbles_minus_8, scaled_nibbles, tile_of
@@ -319,16 +320,17 @@ def run_w4a8_mma_words(xq, x_scale, qweight, w_scale, group_scale, bias, out_dty
         units = tiles * (k // 128)
         sms = config.get("SMS") or (sm_count(xq.device) if xq.is_cuda else 4)
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
-        _w4a8_mma_words_stream_kernel[(max(1, min(units, config["STREAM"] * sms)),)](
+        launch(_w4a8_mma_words_stream_kernel, (max(1, min(units, config["STREAM"] * sms)),),
             *operands, out, buf[: m * n], buf[m * n :], m, n, k, k // 2, k // 128, k // 128, units, **options
-        )
+        )  # fmt: skip
         return out
     if split > 1:
         buf = zeroed_int32(xq.device, m * n + tiles)  # partial sums + arrival counters, left zeroed
         acc_ws, counts = buf[: m * n], buf[m * n :]
     else:
         acc_ws = counts = out  # never touched without split-K
-    _w4a8_mma_words_kernel[(tiles, split)](*operands, out, acc_ws, counts, m, n, k, k // 2, k // 128, k // 2 // split, SPLIT=split > 1, **options)
+    launch(_w4a8_mma_words_kernel, (tiles, split),
+           *operands, out, acc_ws, counts, m, n, k, k // 2, k // 128, k // 2 // split, SPLIT=split > 1, **options)  # fmt: skip
     return out
 
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._launch import launch
 from .._zeroed_workspace import zeroed_int32
 from ..kernel_family import KernelFamily, Problem
 from .common import finish_tile, tile_of, unpack_w4
@@ -275,7 +276,7 @@ def run_int8_tile(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         acc_ws = counts = out  # never touched when SPLIT_K == 1
     xq = xq.contiguous()
     xs = x_scale.reshape(-1).contiguous()
-    _int8_gemm_kernel[(tiles, split)](
+    launch(_int8_gemm_kernel, (tiles, split),
         xq,
         xs,
         w,
@@ -306,7 +307,7 @@ def run_int8_tile(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
         num_warps=warps,
         num_stages=stages,
         enable_fp_fusion=False,
-    )
+    )  # fmt: skip
     return out
 
 

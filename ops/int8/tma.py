@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._launch import launch
 from .._tma import tma_aligned
 from ..kernel_family import KernelFamily, Problem
 from .common import epilogue, tile_of, unpack_w4
@@ -272,7 +273,7 @@ def run_int8_gemm_tma(xq, x_scale, w, w_scale, group_scale, bias, out, config: d
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # PROGRAMS (tests) pins the grid; PERSISTENT: that many programs per SM; else one per tile
     programs = config.get("PROGRAMS") or (min(tiles, config["PERSISTENT"] * sms) if config.get("PERSISTENT") else tiles)
-    _int8_gemm_tma_kernel[(programs,)](
+    launch(_int8_gemm_tma_kernel, (programs,),
         TensorDescriptor.from_tensor(xq, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk // 2 if w4 else bk]),
         x_scale.reshape(-1).contiguous(), w_scale, group_scale if group_scale is not None else w_scale,
         bias if bias is not None else w_scale, out, m, n, k, programs,

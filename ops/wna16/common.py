@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._launch import launch
 from .._zeroed_workspace import zeroed_int32
 
 MAGIC = 8388608.0  # 2**23: float32 with exponent 23, so the low mantissa bits hold an integer
@@ -222,7 +223,7 @@ def dequantize_triton(qweight: Tensor, scales: Tensor, zeros: Tensor | None, bit
     w = torch.empty((n, k), dtype=dtype, device=qweight.device)
     bn, bk = 32, 128 if group_size == -1 else min(128, group_size)
     grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
-    _dequant_kernel[grid](qweight, scales, zeros if zeros is not None else qweight, w, n, k, qweight.shape[1], scales.shape[1],
+    launch(_dequant_kernel, grid, qweight, scales, zeros if zeros is not None else qweight, w, n, k, qweight.shape[1], scales.shape[1],
                           BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, EVEN_K=k % bk == 0, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)  # fmt: skip
     return w
 

@@ -86,6 +86,7 @@ from torch import Tensor
 
 from .._autotune import m_bucket, split_k_choices
 from .._exact_triton import bf16_rne_f32
+from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
 from .common import cdiv, output_buffers, store_row
@@ -386,7 +387,7 @@ def wna16_gemv_words(
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
     out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
-    _wna16_gemv_words_kernel[grid](
+    launch(_wna16_gemv_words_kernel, grid,
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,

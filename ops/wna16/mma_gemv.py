@@ -44,6 +44,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket, split_k_choices
+from .._launch import launch
 from .._views import aligned_view
 from ..jit_utils import split4
 from ..kernel_family import KernelFamily, Problem
@@ -306,7 +307,7 @@ def w4a16_mma_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | N
     block_n = 16 * cfg.get("ROW_TILES", 1) * nw
     grid = (triton.cdiv(n, block_n), split_k, m)
     out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
-    _w4a16_mma_gemv_kernel[grid](
+    launch(_w4a16_mma_gemv_kernel, grid,
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, kw, scales.shape[1], kw // split_k, split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,

@@ -65,6 +65,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket, split_k_choices
+from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
 from .common import cdiv, mma, output_buffers, split_for, store_tile, tile_coords
@@ -258,7 +259,7 @@ def w4a16_mma_words(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | 
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
-    _w4a16_mma_words_kernel[grid](
+    launch(_w4a16_mma_words_kernel, grid,
         x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, kw, scales.shape[1], x.stride(0), kw // split_k,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, SCALE_W=scale_w,

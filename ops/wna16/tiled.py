@@ -32,6 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket
+from .._launch import launch
 from ..kernel_family import KernelFamily, Problem
 from .common import cdiv, codes_minus_zero, load_codes, mma, output_buffers, split_for, store_tile, tile_coords, zero_plus_magic
 
@@ -103,7 +104,7 @@ def wna16_tiled(
     block_k, split_k, k_per_split, even_k = k_plan(k, cfg, group_size)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
-    _wna16_tiled_kernel[grid](
+    launch(_wna16_tiled_kernel, grid,
         x, qweight, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,

@@ -45,6 +45,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket
+from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
 from .common import mma, output_buffers, scaled_weights, store_tile, tile_coords, weight_major_tiles
@@ -283,7 +284,7 @@ def w4a16_tiled_planes(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor
         raise ValueError(f"w4a16_tiled_planes: 4 planes need BLOCK_K >= 64 (16-deep MMAs per plane) and K % 4 == 0; got BLOCK_K={block_k}, K={k}")
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
-    _w4a16_tiled_planes_kernel[grid](
+    launch(_w4a16_tiled_planes_kernel, grid,
         x, aligned_view(qweight, torch.int16) if halves else qweight, scales, zeros if zeros is not None else qweight,
         bias if bias is not None else scales, out, ws, counts, m, n, k, qweight.shape[1], scales.shape[1], x.stride(0), k_per_split,
         GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=even_k,

@@ -39,6 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket
+from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
 from .common import mma, output_buffers, scaled_weights, store_tile, tile_coords, weight_major_tiles
@@ -179,7 +180,7 @@ def wna16_tiled_words(
     words = aligned_view(qweight, torch.int16 if halves else torch.int32)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split_k)
     out, ws, counts = output_buffers(x, n, split_k, grid[0])
-    _wna16_tiled_words_kernel[grid](
+    launch(_wna16_tiled_words_kernel, grid,
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
         m, n, k, words.shape[1], scales.shape[1], x.stride(0), k_per_split, (1 << bits) - 1, 0x4B000000,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,

@@ -85,6 +85,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket, sm_count
+from .._launch import launch
 from .._tma import tma_aligned
 from ..kernel_family import KernelFamily, Problem
 from .common import cdiv, codes_minus_zero, grouped_tile, mma, output_buffers, split_for, split_workspace, store_tile, weight_major_tiles
@@ -354,11 +355,11 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
         num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
     )
     if full:  # every tile, or with TAIL_SPLIT the whole waves
-        _wna16_tma_kernel[(full, split_k)](
+        launch(_wna16_tma_kernel, (full, split_k),
             *args, ws, counts, m, n, k, scales.shape[1], k_per_split, SPLIT_K=split_k, TAIL_SPLIT=0, FULL_TILES=0, **consts
-        )
+        )  # fmt: skip
     if full < tiles:  # the tail: its own K slices, float32 partials and arrival counters
-        _wna16_tma_kernel[(tiles - full, tail_split)](
+        launch(_wna16_tma_kernel, (tiles - full, tail_split),
             *args,
             *split_workspace(x, n, tail_split, tiles - full),
             m,
@@ -370,7 +371,7 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
             TAIL_SPLIT=tail_split,
             FULL_TILES=full,
             **consts,
-        )
+        )  # fmt: skip
     return out
 
 
