@@ -1,0 +1,130 @@
+"""Kernel choice for ``fused_moe`` on CUDA: its kernel family, configs by M bucket, and the entry point.
+
+One family so far, ``grouped`` (ops/moe/grouped_gemm.py): routing, block-aligned sorting
+(ops/moe/align.py), fc1 with the SiLU-and-mul epilogue, per-token int8 quantization of h for
+int8 activations, fc2 with the routing-weight epilogue, the top-k sum. A config sets the
+sorting block ``BLOCK_M`` (shared by both GEMMs) and the tiles of both GEMMs.
+
+Configs by M bucket (the token count; each expert sees about M * top_k / E rows), after the
+tuned fused-MoE tables of vLLM / SGLang for the H200 (shared/reference/kernel_anchors.md):
+decode (M bucket <= 32) BLOCK_M 16 with long K tiles; mid M 32-64 rows; large M 64-128 rows
+with 8 warps. :func:`pick_config` (ops/_autotune.py) keys them by ``(M bucket, E, I, H, top_k,
+weight_bits, act_bits, group_size, dtype)``: a cached or shipped pick, else one measurement of
+the offered configs (the heuristic's first under CUDA-graph capture). No table is shipped yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._autotune import m_bucket, pick_config
+from ..kernel_family import KernelFamily, Problem, Registry
+from .align import align_block_size
+from .grouped_gemm import moe_gemm, moe_sum
+from .routing import topk_routing
+
+OP = "fused_moe"
+
+
+def _config(bm: int, bn: int, bk: int, warps: int, stages: int) -> dict:
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+
+
+def grouped_configs(p: Problem, exhaustive: bool) -> list[dict]:
+    """Tiles by M bucket (``p.m`` tokens); BLOCK_K is capped at the group when the launch runs."""
+    mb = m_bucket(p.m)
+    if mb <= 32:
+        tiles = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 3), (16, 64, 256, 4, 3), (16, 32, 128, 4, 4)]
+    elif mb <= 512:
+        tiles = [(32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (16, 64, 128, 4, 4)]
+    else:
+        tiles = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 256, 64, 8, 3)]
+    if exhaustive:
+        tiles += [(bm, bn, bk, w, s + 1) for bm, bn, bk, w, s in tiles]
+    return [_config(*t) for t in tiles]
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    return True, ""
+
+
+def run_fused_moe(
+    cfg: dict, x: Tensor, weights: Tensor, experts: Tensor, w13: Tensor, w13_scale, w13_zeros, w13_group_scale,
+    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
+) -> Tensor:  # fmt: skip
+    """``fused_moe`` after routing (``weights`` float32 / ``experts`` [M, top_k]) with one config
+    (arguments already checked). Any device Triton runs on: CUDA, or the interpreter on CPU."""
+    m, top_k = experts.shape
+    pairs = m * top_k
+    sorted_ids, expert_ids, total = align_block_size(experts, w13.shape[0], cfg["BLOCK_M"])
+    x = x.contiguous()
+    weights = weights.contiguous()
+    if act_bits == 8:
+        from ..activation.quant_kernels import quant_per_token_int8_triton
+
+        a1, a1_scale = quant_per_token_int8_triton(x)
+    else:
+        a1, a1_scale = x, None
+    route = (sorted_ids, expert_ids, total, pairs)
+    h = moe_gemm(a1, a1_scale, w13, w13_scale, w13_zeros, w13_group_scale, None, *route, top_k, True,
+                 weight_bits, act_bits, group_size, cfg, x.dtype)  # fmt: skip
+    if act_bits == 8:
+        a2, a2_scale = quant_per_token_int8_triton(h)
+    else:
+        a2, a2_scale = h, None
+    y = moe_gemm(a2, a2_scale, w2, w2_scale, w2_zeros, w2_group_scale, weights, *route, 1, False,
+                 weight_bits, act_bits, group_size, cfg, x.dtype)  # fmt: skip
+    return moe_sum(y, top_k, x.dtype)
+
+
+def _run(cfg, *args):
+    return run_fused_moe(cfg, *args)
+
+
+GROUPED = KernelFamily("grouped", "moe/grouped_gemm", _supports, grouped_configs, _run)
+FAMILIES = (GROUPED,)
+REGISTRY = Registry(OP, FAMILIES)
+
+
+def problem(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None) -> Problem:
+    """The registry's view of a call: ``m`` tokens, ``n`` = I (fc1's outputs), ``k`` = H."""
+    return Problem(m, i, h, weight_bits, group_size, dtype)
+
+
+def candidate_configs(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None) -> list[dict]:
+    return REGISTRY.candidates(problem(m, i, h, weight_bits, group_size, dtype))
+
+
+def config_key(m, e, i, h, top_k, weight_bits, act_bits, group_size, dtype) -> tuple:
+    return (m_bucket(m), e, i, h, top_k, weight_bits, act_bits, group_size, str(dtype).removeprefix("torch."))
+
+
+def fused_moe_triton(
+    x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
+    weight_bits, act_bits, group_size,
+) -> Tensor:  # fmt: skip
+    """Route, pick the config for this shape (cache / shipped / one measurement) and run it."""
+    m, h = x.shape
+    e, two_i = w13.shape[:2]
+    weights, experts = topk_routing(router_logits, top_k, renormalize)
+    args = (
+        x,
+        weights,
+        experts,
+        w13,
+        w13_scale,
+        w13_zeros,
+        w13_group_scale,
+        w2,
+        w2_scale,
+        w2_zeros,
+        w2_group_scale,
+        weight_bits,
+        act_bits,
+        group_size,
+    )
+    key = config_key(m, e, two_i // 2, h, top_k, weight_bits, act_bits, group_size, x.dtype)
+    cands = lambda: REGISTRY.offered(problem(m, two_i // 2, h, weight_bits, group_size, x.dtype))  # noqa: E731 - built only on a cache miss
+    cfg = pick_config(OP, key, cands, lambda c: REGISTRY.run(c, *args), x.device)
+    return REGISTRY.run(cfg, *args)
