@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from .calibration.grid import WeightGrid
 from .calibration.pipeline import LayerCalibrator
 from .calibration.recipe import check_recipe, parse_recipe
 from .linear import QuantLinear, check_quantizable
+from .moe import QuantMoE, sparse_moe_blocks
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
 from .schemes import Scheme, get_scheme, make_scheme, op_group_sizes
 
@@ -267,6 +269,48 @@ def _calibrated_replacements(
     return new
 
 
+def _moe_scheme(scheme: Scheme, hidden: int, intermediate: int, group_fallback: bool) -> Scheme:
+    """The experts' scheme: ``scheme``, or where its group does not divide both the hidden and the
+    expert intermediate size, the fallback a Linear of ``gcd(hidden, intermediate)`` inputs gets."""
+    k = math.gcd(hidden, intermediate)
+    if group_fallback and _ragged(scheme, k):
+        return _fallback_scheme(scheme, k) or scheme  # none: from_block refuses with the sizes
+    return scheme
+
+
+def _moe_replacements(
+    model: nn.Module, scheme: Scheme, patterns: tuple[str, ...], group_fallback: bool, simulated: bool
+) -> list[tuple[str, nn.Module]]:
+    """A :class:`qfuse.moe.QuantMoE` for every Hugging Face sparse-MoE block (Mixtral, Qwen2-MoE, Qwen3-MoE)
+    that ``ignore`` does not match (by the block's name or ``<block>.experts``), built before anything is
+    swapped in. Its experts take ``scheme`` by round to nearest; the shared expert's Linears stay the
+    block's own modules and are converted as Linears. Calibration and the fake-quant simulation do not
+    cover experts yet, so those refuse a model with such blocks."""
+    blocks = [(n, b) for n, b in sparse_moe_blocks(model) if not (_ignored(n, patterns) or _ignored(f"{n}.experts", patterns))]
+    if not blocks:
+        return []
+    names = ", ".join(_label(n) for n, _ in blocks[:3]) + (", ..." if len(blocks) > 3 else "")
+    if simulated:
+        raise ValueError(
+            f"calibration and fake_quant do not cover sparse-MoE experts yet ({len(blocks)} block(s): {names}); "
+            "quantize without them, or keep the blocks in floating point with ignore=[<block name>, ...]"
+        )
+    if any(not n for n, _ in blocks):
+        raise ValueError("quantize_model: the model is itself a sparse-MoE block; convert it with qfuse.moe.QuantMoE.from_block(block, scheme)")
+    new = []
+    for name, block in blocks:
+        gate_up = block.experts.gate_up_proj
+        s = _moe_scheme(scheme, gate_up.shape[2], gate_up.shape[1] // 2, group_fallback)
+        if s is not scheme:
+            warnings.warn(
+                f"quantize_model: {_label(name)}.experts run {s.name}: group_size={scheme.group_size} does not divide their sizes",
+                UserWarning,
+                stacklevel=3,
+            )
+        new.append((name, QuantMoE.from_block(block, s, name)))
+    return new
+
+
 def quantize_model(
     model: nn.Module,
     scheme: Scheme | str,
@@ -324,10 +368,12 @@ def quantize_model(
     """
     linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)
     scheme = get_scheme(scheme)
+    # MoE blocks first: their shared-expert Linears are then swapped inside the new block
+    moes = _moe_replacements(model, scheme, _ignore_patterns(ignore), group_fallback, fake_quant or calibration_data is not None)
     if fake_quant:
         return _swap_in(model, _fake_quant_replacements(model, linears, schemes, steps, calibration_data, progress))
     if calibration_data is None:
-        return _swap_in(model, _build_replacements(linears, norms, scheme, schemes, progress))
+        return _swap_in(model, moes + _build_replacements(linears, norms, scheme, schemes, progress))
     new = _calibrated_replacements(model, linears, scheme, schemes, steps, calibration_data, progress)
     return _swap_in(model, new + [(name, RMSNorm.from_module(mod)) for name, mod in norms])
 
@@ -346,6 +392,7 @@ def quantize_with_simulation(
     calibration run: the kernels' model and the algorithm's simulation of exactly the same codes."""
     linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)
     scheme = get_scheme(scheme)
+    _moe_replacements(model, scheme, _ignore_patterns(ignore), group_fallback, simulated=True)  # refuses MoE blocks
     if calibration_data is None:
         simulation = copy.deepcopy(model)
         sim_linears = [(n, simulation.get_submodule(n) if n else simulation) for n, _ in linears]
@@ -367,7 +414,7 @@ def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data):
     _refuse_quantized(model)
     candidates = _candidates(model)
     if ignore is not None:
-        _warn_unmatched(patterns, [n for n, _ in candidates])
+        _warn_unmatched(patterns, [n for n, _ in candidates] + [f"{n}{tail}" for n, _ in sparse_moe_blocks(model) for tail in ("", ".experts")])
     kept = [(n, m) for n, m in candidates if not _ignored(n, patterns)]
     linears = [(n, m) for n, m in kept if isinstance(m, nn.Linear)]
     norms = [(n, m) for n, m in kept if not isinstance(m, nn.Linear)]

@@ -1,0 +1,212 @@
+"""``QuantMoE``: a Hugging Face sparse-MoE block whose experts run in ``qfuse::fused_moe``.
+
+transformers 5 keeps a sparse-MoE block's experts fused: ``experts.gate_up_proj [E, 2I, H]``
+(gate rows, then up rows) and ``experts.down_proj [E, H, I]``, with a router ``gate`` holding
+``weight [E, H]``. The blocks converted here (``SPARSE_MOE_BLOCKS``):
+
+* ``MixtralSparseMoeBlock``: softmax, top-k, always renormalized;
+* ``Qwen2MoeSparseMoeBlock``: the same with ``norm_topk_prob``, plus a dense ``shared_expert``
+  (an MLP of nn.Linears) scaled by ``sigmoid(shared_expert_gate(x))``;
+* ``Qwen3MoeSparseMoeBlock``: as Qwen2-MoE without the shared expert.
+
+Each returns one tensor of the input's shape (no router logits), and so does ``QuantMoE``.
+The router stays in float (``F.linear`` with its weight: a few columns, and routing is
+sensitive); the shared expert and its gate are kept as the very modules of the block, so
+``quantize_model`` converts their nn.Linears like any other. HF's Qwen routers round the top-k
+weights to the activation dtype before use; ``fused_moe`` keeps them in float32, a difference of
+one rounding of a factor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from .ops.moe.fused_moe import GROUP_SIZES
+from .ops.w4a8_gemm import dequantize_w4a8
+from .ops.wna16_gemm import dequantize_wna16
+from .quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
+from .schemes import Scheme, get_scheme
+
+SPARSE_MOE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
+_ACT_DTYPES = (torch.float16, torch.bfloat16)
+_TENSOR_NAMES = ("w13", "w13_scale", "w13_zeros", "w13_group_scale", "w2", "w2_scale", "w2_zeros", "w2_group_scale")
+
+
+def is_sparse_moe_block(module: nn.Module) -> bool:
+    """Whether ``module`` is one of the Hugging Face sparse-MoE blocks :class:`QuantMoE` converts."""
+    return type(module).__name__ in SPARSE_MOE_BLOCKS
+
+
+def sparse_moe_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, block)`` of every convertible sparse-MoE block in ``model``."""
+    return [(n, m) for n, m in model.named_modules() if is_sparse_moe_block(m)]
+
+
+def _quantize_stack(w: Tensor, scheme: Scheme) -> dict[str, Tensor | None]:
+    """Quantize each expert ``w[e] [N, K]`` with the dense quantizer of ``scheme`` and stack the results:
+    ``{"w", "scale", "zeros", "group_scale"}`` in the layouts of ops/moe/fused_moe.py."""
+    if scheme.weight_only:
+        parts = [quantize_wna16(we, scheme.weight_bits, scheme.group_size, scheme.symmetric, w.dtype) for we in w]
+        names = {"w": "qweight", "scale": "scales", "zeros": "zeros"}
+    elif scheme.weight_bits == 8:
+        parts = [quantize_w8a8(we) for we in w]
+        names = {"w": "wq", "scale": "w_scale"}
+    else:
+        parts = [quantize_w4a8(we, scheme.group_size) for we in w]
+        names = {"w": "qweight", "scale": "w_scale", "group_scale": "group_scale"}
+    out: dict[str, Tensor | None] = {"w": None, "scale": None, "zeros": None, "group_scale": None}
+    for key, src in names.items():
+        if parts[0][src] is not None:
+            out[key] = torch.stack([p[src] for p in parts]).contiguous()
+    return out
+
+
+def check_moe_quantizable(gate_up: Tensor, down: Tensor, scheme: Scheme | None, name: str) -> None:
+    """Raise a TypeError/ValueError saying why these expert weights cannot take ``scheme``."""
+    if gate_up.dtype not in _ACT_DTYPES or down.dtype not in _ACT_DTYPES:
+        raise TypeError(f"{name}: expert weights are {gate_up.dtype}; qfuse runs fp16/bf16 models (convert first, e.g. model.to(torch.bfloat16))")
+    if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[1] % 2:
+        raise ValueError(f"{name}: expected gate_up_proj [E, 2I, H] and down_proj [E, H, I], got {tuple(gate_up.shape)} and {tuple(down.shape)}")
+    e, two_i, h = gate_up.shape
+    if tuple(down.shape) != (e, h, two_i // 2):
+        raise ValueError(f"{name}: down_proj must have shape {(e, h, two_i // 2)}, got {tuple(down.shape)}")
+    if scheme is None:
+        return
+    if scheme.static_act:
+        raise ValueError(f"{name}: {scheme.name} (static activation scales) is not supported for MoE experts; pass the block in ignore=...")
+    i = two_i // 2
+    if scheme.weight_bits == 4 and (h % 2 or i % 2):
+        raise ValueError(f"{name}: hidden size {h} and expert intermediate size {i} must be even for 4-bit experts")
+    if scheme.group_size != -1 and (scheme.group_size not in GROUP_SIZES or h % scheme.group_size or i % scheme.group_size):
+        raise ValueError(f"{name}: group_size={scheme.group_size} of {scheme.name} must divide hidden size {h} and expert intermediate size {i}")
+    if scheme.weight_bits == 8 and not scheme.weight_only and scheme.group_size != -1:
+        raise ValueError(f"{name}: W8A8 experts are per channel")
+    for label, w in (("gate_up_proj", gate_up), ("down_proj", down)):
+        if not w.is_meta and not torch.isfinite(w).all():
+            raise ValueError(f"{name}: experts.{label} has {int((~torch.isfinite(w)).sum())} NaN/inf value(s) of {w.numel()}")
+
+
+class QuantExperts(nn.Module):
+    """E SiLU-gated expert MLPs with prepacked weights (buffers: ``state_dict`` round-trips), run by
+    ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, renormalize: bool,
+                 scheme: Scheme | str | None, tensors: dict[str, Tensor | None]):  # fmt: skip
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.scheme = None if scheme is None else get_scheme(scheme)
+        for name in _TENSOR_NAMES:
+            self.register_buffer(name, tensors.get(name))
+
+    @classmethod
+    def from_weights(
+        cls, gate_up_proj: Tensor, down_proj: Tensor, top_k: int, renormalize: bool, scheme: Scheme | str | None, name: str = "experts"
+    ) -> "QuantExperts":
+        """Quantize ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (fp16/bf16) with ``scheme`` (None: keep float)."""
+        scheme = None if scheme is None else get_scheme(scheme)
+        gate_up, down = gate_up_proj.detach(), down_proj.detach()
+        check_moe_quantizable(gate_up, down, scheme, name)
+        e, two_i, h = gate_up.shape
+        if scheme is None:
+            tensors = {"w13": gate_up.contiguous().clone(), "w2": down.contiguous().clone()}
+        else:
+            tensors = {f"w13_{k}" if k != "w" else "w13": v for k, v in _quantize_stack(gate_up, scheme).items()}
+            tensors.update({f"w2_{k}" if k != "w" else "w2": v for k, v in _quantize_stack(down, scheme).items()})
+        return cls(e, h, two_i // 2, top_k, renormalize, scheme, tensors)
+
+    @property
+    def format(self) -> tuple[int, int, int]:
+        """``(weight_bits, act_bits, group_size)`` of ``fused_moe``."""
+        s = self.scheme
+        return (16, 16, -1) if s is None else (s.weight_bits, s.act_bits, s.group_size)
+
+    def forward(self, x: Tensor, router_logits: Tensor) -> Tensor:
+        """``x [T, H]`` and ``router_logits [T, E]`` -> ``[T, H]``."""
+        bits, act_bits, group_size = self.format
+        w13_scale, w2_scale = self.w13_scale, self.w2_scale
+        if act_bits == 16 and bits != 16:  # Module.to(dtype) converts float buffers; the op wants x.dtype scales
+            w13_scale, w2_scale = w13_scale.to(x.dtype), w2_scale.to(x.dtype)
+        elif act_bits == 8:
+            w13_scale, w2_scale = w13_scale.float(), w2_scale.float()
+        w13, w2 = (self.w13.to(x.dtype), self.w2.to(x.dtype)) if bits == 16 else (self.w13, self.w2)
+        return torch.ops.qfuse.fused_moe(
+            x, router_logits, self.top_k, self.renormalize, w13, w13_scale, self.w13_zeros, self.w13_group_scale,
+            w2, w2_scale, self.w2_zeros, self.w2_group_scale, bits, act_bits, group_size,
+        )  # fmt: skip
+
+    def dequantized_weights(self) -> tuple[Tensor, Tensor]:
+        """``(gate_up [E, 2I, H], down [E, H, I])``: the float weights the kernel multiplies by (weight-only:
+        in the scales' dtype; int8 activations: float32 ``scale * w_int``, the activations being quantized too)."""
+        bits, act_bits, group_size = self.format
+        if bits == 16:
+            return self.w13, self.w2
+        out = []
+        for w, s, z, gs in (
+            (self.w13, self.w13_scale, self.w13_zeros, self.w13_group_scale),
+            (self.w2, self.w2_scale, self.w2_zeros, self.w2_group_scale),
+        ):
+            per_expert = []
+            for e in range(self.num_experts):
+                if act_bits == 16:
+                    per_expert.append(dequantize_wna16(w[e], s[e], None if z is None else z[e], bits, group_size).to(s.dtype))
+                elif bits == 8:
+                    per_expert.append(w[e].float() * s[e].float().reshape(-1, 1))
+                else:
+                    per_expert.append(dequantize_w4a8(w[e], s[e].float(), None if gs is None else gs[e], group_size))
+            out.append(torch.stack(per_expert))
+        return out[0], out[1]
+
+    def weight_bytes(self) -> int:
+        """Bytes of every expert buffer (codes, scales, zero points)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def extra_repr(self) -> str:
+        name = "float" if self.scheme is None else self.scheme.name
+        return (
+            f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+            f"top_k={self.top_k}, renormalize={self.renormalize}, scheme={name}"
+        )
+
+
+class QuantMoE(nn.Module):
+    """A sparse-MoE block: float router ``gate``, :class:`QuantExperts`, and (Qwen2-MoE) the block's own
+    ``shared_expert`` and ``shared_expert_gate`` modules. ``forward(hidden_states [..., H]) -> [..., H]``,
+    as the Hugging Face block."""
+
+    def __init__(self, gate: nn.Module, experts: QuantExperts, shared_expert: nn.Module | None = None, shared_expert_gate: nn.Module | None = None):
+        super().__init__()
+        self.gate = gate
+        self.experts = experts
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = shared_expert_gate
+
+    @classmethod
+    def from_block(cls, block: nn.Module, scheme: Scheme | str | None, name: str = "") -> "QuantMoE":
+        """Convert a Hugging Face ``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock`` / ``Qwen3MoeSparseMoeBlock``
+        (fp16/bf16): experts quantized with ``scheme`` (None: kept float), router and shared expert kept as they are."""
+        label = name or type(block).__name__
+        if not is_sparse_moe_block(block):
+            raise TypeError(f"{label}: {type(block).__name__} is not a supported sparse-MoE block ({', '.join(SPARSE_MOE_BLOCKS)})")
+        experts, gate = block.experts, block.gate
+        act = getattr(experts, "act_fn", None)
+        if not isinstance(act, nn.SiLU) and type(act).__name__ != "SiLUActivation":
+            raise ValueError(f"{label}: experts use {type(act).__name__}; fused_moe runs SiLU-gated experts only")
+        renormalize = bool(getattr(gate, "norm_topk_prob", True))  # Mixtral's router always renormalizes
+        quant = QuantExperts.from_weights(experts.gate_up_proj, experts.down_proj, gate.top_k, renormalize, scheme, f"{label}.experts")
+        return cls(gate, quant, getattr(block, "shared_expert", None), getattr(block, "shared_expert_gate", None))
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        router_logits = F.linear(x, self.gate.weight)
+        out = self.experts(x, router_logits)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.reshape(shape)

@@ -1,0 +1,165 @@
+"""QuantMoE against the Hugging Face sparse-MoE blocks (tiny random configs, CPU reference ops),
+quantize_model on MoE models, and torch.compile(fullgraph=True) through fused_moe's fake kernel."""
+
+import warnings
+
+import pytest
+import torch
+
+import qfuse
+from qfuse.linear import QuantLinear
+from qfuse.moe import QuantExperts, QuantMoE
+from tests.helpers import rel_err
+
+ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def tiny_moe_model(arch: str, hidden: int = 128, intermediate: int = 128, experts: int = 4, top_k: int = 2, layers: int = 1, norm_topk_prob=False):
+    """A ``<Arch>ForCausalLM`` with random weights scaled so the expert outputs are O(1) and the
+    router separates the experts (HF's init gives outputs ~1e-3 and near-uniform routing)."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=64, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64
+    )
+    if arch == "mixtral":
+        cfg = tf.MixtralConfig(**common, intermediate_size=intermediate, num_local_experts=experts, num_experts_per_tok=top_k)
+        cls = tf.MixtralForCausalLM
+    else:
+        moe = dict(moe_intermediate_size=intermediate, num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob)
+        if arch == "qwen2_moe":
+            cfg, cls = (
+                tf.Qwen2MoeConfig(**common, **moe, intermediate_size=2 * intermediate, shared_expert_intermediate_size=intermediate),
+                tf.Qwen2MoeForCausalLM,
+            )
+        else:
+            cfg, cls = tf.Qwen3MoeConfig(**common, **moe, intermediate_size=2 * intermediate), tf.Qwen3MoeForCausalLM
+    torch.manual_seed(0)
+    model = cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "experts." in name:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn_like(p))
+    return model.to(torch.bfloat16).eval()
+
+
+def _block(model):
+    return model.model.layers[0].mlp
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float_experts_equal_the_hf_block(arch):
+    block = _block(tiny_moe_model(arch, hidden=64, intermediate=32, experts=8, top_k=2, norm_topk_prob=arch == "qwen3_moe"))
+    x = torch.randn(2, 5, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = block(x)
+        out = QuantMoE.from_block(block, None)(x)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    # HF rounds gate, up, SiLU, the product and each top-k partial sum to bf16; fused_moe rounds h and the sum once
+    assert (out.float() - ref.float()).abs().max() <= 8 * torch.finfo(torch.bfloat16).eps * ref.float().abs().max()
+
+
+# relative error against the float block: 1.5x what these configs measured (Gaussian experts: int4 round to
+# nearest moves each weight by ~12 % RMS, and an expert applies two of them)
+BOUNDS = {"W8A16": 0.02, "W4A16": 0.33, "W4A16_ASYM": 0.28, "W8A8": 0.035, "W4A8": 0.33, "W4A8_G128": 0.33}
+
+
+@pytest.mark.parametrize("scheme", BOUNDS)
+def test_quantized_experts_close_to_the_hf_block(scheme):
+    arch = ("mixtral", "qwen2_moe")[len(scheme) % 2]
+    hidden = 256 if scheme == "W4A8_G128" else 128  # two groups per w13 row (one group is per channel)
+    block = _block(tiny_moe_model(arch, hidden=hidden))
+    x = torch.randn(7, hidden).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = block(x[None])[0]
+        qmoe = QuantMoE.from_block(block, scheme)
+        out = qmoe(x)
+    err = rel_err(out, ref)
+    assert err <= BOUNDS[scheme], f"{scheme} on {arch}: relative error {err:.3f}"
+    experts = qmoe.experts
+    if experts.scheme.weight_only:  # the kernel multiplies by exactly the dequantized weights
+        w13, w2 = experts.dequantized_weights()
+        float_experts = QuantExperts(4, hidden, 128, 2, experts.renormalize, None, {"w13": w13, "w2": w2})
+        with torch.no_grad():
+            logits = torch.nn.functional.linear(x, qmoe.gate.weight)
+            assert torch.equal(experts(x, logits), float_experts(x, logits))
+
+
+def test_state_dict_round_trips():
+    block = _block(tiny_moe_model("mixtral"))
+    qmoe = QuantMoE.from_block(block, "W4A8_G128")
+    fresh = QuantMoE.from_block(_block(tiny_moe_model("mixtral")), "W4A8_G128")
+    for b in fresh.experts.buffers():
+        b.zero_()
+    fresh.load_state_dict(qmoe.state_dict())
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), qmoe(x))
+    assert set(qmoe.state_dict()) >= {"gate.weight", "experts.w13", "experts.w13_scale", "experts.w13_group_scale", "experts.w2"}
+    assert qmoe.experts.weight_bytes() < block.experts.gate_up_proj.numel() * 2 * 0.5 * 1.5
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_quantize_model_converts_moe_blocks(arch):
+    model = tiny_moe_model(arch, layers=2)
+    ids = torch.randint(0, 64, (1, 6))
+    with torch.no_grad():
+        ref = model(ids).logits
+        qfuse.quantize_model(model, "W8A16", progress=False)
+        out = model(ids).logits
+    for layer in model.model.layers:
+        assert isinstance(layer.mlp, QuantMoE) and layer.mlp.experts.scheme.name == "W8A16"
+        if arch == "qwen2_moe":  # the shared expert's Linears are converted inside the new block
+            assert isinstance(layer.mlp.shared_expert.down_proj, QuantLinear) and isinstance(layer.mlp.shared_expert_gate, QuantLinear)
+    assert rel_err(out, ref) < 0.1  # measured 0.04-0.05; 0.03-0.07 with the MoE blocks ignored (attention alone)
+
+
+def test_quantize_model_ignore_and_group_fallback():
+    model = tiny_moe_model("mixtral", hidden=128, intermediate=64, layers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a block name is a valid ignore entry: no "matches nothing" warning
+        qfuse.quantize_model(model, "W8A16", ignore=["model.layers.0.mlp", "lm_head"], progress=False)
+    assert not isinstance(model.model.layers[0].mlp, QuantMoE) and isinstance(model.model.layers[1].mlp, QuantMoE)
+    model = tiny_moe_model("mixtral", hidden=128, intermediate=64)
+    with pytest.warns(UserWarning, match="experts run W4A16_G64"):  # I = 64: group 128 does not divide it
+        qfuse.quantize_model(model, "W4A16", progress=False)
+    assert model.model.layers[0].mlp.experts.scheme.group_size == 64
+
+
+def test_refusals():
+    block = _block(tiny_moe_model("mixtral", hidden=64, intermediate=32))
+    with pytest.raises(TypeError, match="qfuse runs fp16/bf16 models"):
+        QuantMoE.from_block(block.float(), "W8A16")
+    with pytest.raises(ValueError, match="static activation scales"):
+        QuantMoE.from_block(block.bfloat16(), "W8A8_STATIC")
+    with pytest.raises(ValueError, match="group_size=128 of W4A16 must divide hidden size 64"):
+        QuantMoE.from_block(block, "W4A16")
+    with pytest.raises(TypeError, match="not a supported sparse-MoE block"):
+        QuantMoE.from_block(torch.nn.Linear(4, 4), None)
+    model = tiny_moe_model("mixtral", hidden=64, intermediate=32)
+    with pytest.raises(ValueError, match="do not cover sparse-MoE experts"):
+        qfuse.quantize_model(model, "W8A16", fake_quant=True, progress=False)
+    assert not isinstance(_block(model), QuantMoE)  # left unchanged
+
+
+def test_meta_block_gives_meta_buffers():
+    with torch.device("meta"):
+        block = _block(tiny_moe_model("qwen3_moe"))
+    experts = QuantMoE.from_block(block, "W4A16").experts
+    assert experts.w13.is_meta and experts.w13.shape == (4, 256, 64) and experts.w2_scale.shape == (4, 128, 1)
+
+
+def test_compile_fullgraph_matches_eager():
+    """torch.compile on the CPU: the graph holds fused_moe (its fake kernel traced) and matches eager."""
+    qmoe = QuantMoE.from_block(_block(tiny_moe_model("qwen2_moe")), "W4A8_G128")
+    qfuse.quantize_model(qmoe.shared_expert, "W4A8_G128", progress=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(qmoe, fullgraph=True)
+    x = torch.randn(1, 5, 128).to(torch.bfloat16)
+    with torch.no_grad():
+        eager, out = qmoe(x), compiled(x)
+    assert out.shape == eager.shape
+    # Inductor fuses the shared expert's sigmoid gate and the add without bf16 roundings between them
+    assert (out.float() - eager.float()).abs().max() <= 4 * torch.finfo(torch.bfloat16).eps * eager.float().abs().max()
