@@ -1,7 +1,8 @@
 """``qfuse kernels --explain M N K SCHEME``: which kernel families the op considers for one GEMM,
 which refuse it and why, which configs are opt-in and why, and which config runs and where that
 choice comes from (the user cache, the table shipped for the GPU, or the untuned heuristic that
-a first call on the GPU would replace by a measurement)."""
+a first call on the GPU would replace by a measurement). With ``--moe E TOP_K`` the same for
+``fused_moe``: M tokens, N = the experts' intermediate size I, K = the hidden size H."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu", default=None, help="GPU name of the tuned tables (default: this machine's GPU, else NVIDIA_H200)")
     p.add_argument("--sms", type=int, default=None, help="streaming multiprocessors (default: this GPU's, else 132)")
     p.add_argument("--no-tma", action="store_true", help="a GPU without TMA (compute capability < 9.0)")
+    p.add_argument(
+        "--moe", nargs=2, type=int, metavar=("E", "TOP_K"), default=None, help="explain fused_moe instead: E experts, TOP_K per token (N = I, K = H)"
+    )
     p.set_defaults(run=run)
 
 
@@ -50,9 +54,17 @@ def _scheme(name: str):
 
 
 def explain(
-    m: int, n: int, k: int, scheme_name: str, dtype: torch.dtype = torch.bfloat16, gpu: str = "NVIDIA_H200", sms: int = 132, tma: bool = True
+    m: int,
+    n: int,
+    k: int,
+    scheme_name: str,
+    dtype: torch.dtype = torch.bfloat16,
+    gpu: str = "NVIDIA_H200",
+    sms: int = 132,
+    tma: bool = True,
+    moe: tuple[int, int] | None = None,
 ) -> str:
-    """The report ``qfuse kernels --explain`` prints."""
+    """The report ``qfuse kernels --explain`` prints; ``moe=(E, top_k)``: for ``fused_moe`` (N = I, K = H)."""
     from ..ops._autotune import lookup
     from ..ops.int8 import dispatch as int8_dispatch
     from ..ops.wna16 import dispatch as wna16_dispatch
@@ -65,7 +77,17 @@ def explain(
             f"K={k} is not divisible by {s.name}'s group size {s.group_size} "
             "(quantize_model gives such layers a smaller group: try that scheme, e.g. W4A16_G64)"
         )
-    if s.weight_only:
+    if moe is not None:
+        from ..ops.moe import dispatch as moe_dispatch
+
+        e, top_k = moe
+        if not 1 <= top_k <= e:
+            raise ValueError(f"--moe: TOP_K must be in [1, E={e}], got {top_k}")
+        op, registry = moe_dispatch.OP, moe_dispatch.REGISTRY
+        p = moe_dispatch.problem(m, n, k, s.weight_bits, s.group_size, dtype)
+        key = moe_dispatch.config_key(m, e, n, k, top_k, s.weight_bits, s.act_bits, s.group_size, dtype)
+        offered = registry.offered(p)
+    elif s.weight_only:
         op, registry = wna16_dispatch.OP, wna16_dispatch.REGISTRY
         p = wna16_dispatch.problem(m, n, k, s.weight_bits, s.group_size, sms, tma, dtype)
         key = wna16_dispatch.config_key(m, n, k, s.weight_bits, s.group_size, dtype)
@@ -77,8 +99,9 @@ def explain(
         key = int8_dispatch.config_key(m, n, k, s.group_size, w4=s.weight_bits == 4)
         offered = registry.offered(p)
     verdicts = registry.explain(p)
+    shape = f"M={m} I={n} H={k} E={moe[0]} top_k={moe[1]}" if moe else f"M={m} N={n} K={k}"
     lines = [
-        f"{op}  M={m} N={n} K={k}  {s.name} ({s.weight_bits}-bit weights, "
+        f"{op}  {shape}  {s.name} ({s.weight_bits}-bit weights, "
         f"{'per channel' if s.group_size == -1 else f'group {s.group_size}'}, {str(dtype).removeprefix('torch.')})  "
         f"on {gpu} ({sms} SMs{'' if tma else ', no TMA'})",
         "",
@@ -96,7 +119,13 @@ def explain(
         cfg, source = (offered[0] if offered else None), "the untuned heuristic (the first candidate); a first call on the GPU measures them"
     lines.append(f"  picked: {cfg}")
     lines.append(f"  from:   {source}")
-    if not s.weight_only and cfg is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(cfg)) and key[0] <= int8_dispatch.EAGER_MAX_M:
+    if (
+        moe is None
+        and not s.weight_only
+        and cfg is not None
+        and int8_dispatch.uses_tma(int8_dispatch.normalize(cfg))
+        and key[0] <= int8_dispatch.EAGER_MAX_M
+    ):
         eager = lookup(op + "_eager", key, gpu)
         lines.append(
             f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
@@ -113,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"qfuse kernels: M, N, K must be integers, got {args.explain[:3]}") from None
     gpu, sms = _gpu(args)
     try:
-        print(explain(m, n, k, scheme, getattr(torch, args.dtype), gpu, sms, not args.no_tma))
+        print(explain(m, n, k, scheme, getattr(torch, args.dtype), gpu, sms, not args.no_tma, tuple(args.moe) if args.moe else None))
     except (ValueError, KeyError) as e:
         raise SystemExit(f"qfuse kernels: {e}") from None
     return 0

@@ -49,3 +49,13 @@ def test_explain_errors_in_one_line(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(["kernels", "--explain", *args])
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_explain_moe(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
+    assert cli.main(["kernels", "--explain", "16", "14336", "4096", "W4A16", "--moe", "8", "2", "--gpu", "NVIDIA_H200"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fused_moe  M=16 I=14336 H=4096 E=8 top_k=2") and "grouped" in out and "'kernel': 'grouped'" in out
+    assert "untuned heuristic" in out
+    with pytest.raises(SystemExit, match="TOP_K must be in"):
+        cli.main(["kernels", "--explain", "16", "14336", "4096", "W4A16", "--moe", "8", "9"])
