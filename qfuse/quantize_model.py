@@ -316,6 +316,7 @@ def quantize_model(
     scheme: Scheme | str,
     *,
     ignore: str | Iterable[str] | None = None,
+    lm_head: Scheme | str | None = None,
     progress: bool = True,
     group_fallback: bool = True,
     calibration=None,
@@ -330,6 +331,12 @@ def quantize_model(
     kept as they are: an entry matches a layer's full name, its last name component, or
     its full name as a glob (``"model.layers.0.*"``); a str is one entry. ``None`` means
     ``("lm_head",)``; an entry given explicitly that matches no layer warns.
+
+    ``lm_head``: quantize the output head (the ``nn.Linear`` named ``lm_head``) too, with this
+    scheme, e.g. ``"W8A16"`` or ``"W4A16"`` (weight-only: the head's int8 activations would be
+    one more quantization on the logits); None keeps it in floating point. Perplexity cost on
+    SmolLM2-135M in README.md ("Quantizing lm_head"). A head tied to the input embedding is
+    untied: the embedding keeps its float weight.
 
     ``group_fallback``: a Linear whose in_features the scheme's group size does not divide
     (SmolLM2's hidden size 576 = 4 * 128 + 64) takes the largest group the scheme's op runs
@@ -366,7 +373,7 @@ def quantize_model(
     A bare ``nn.Linear`` cannot be changed in place: the returned ``QuantLinear``
     replaces it, so use the return value.
     """
-    linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)
+    linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, lm_head)
     scheme = get_scheme(scheme)
     # MoE blocks first: their shared-expert Linears are then swapped inside the new block
     moes = _moe_replacements(model, scheme, _ignore_patterns(ignore), group_fallback, fake_quant or calibration_data is not None)
@@ -383,6 +390,7 @@ def quantize_with_simulation(
     scheme: Scheme | str,
     *,
     ignore=None,
+    lm_head: Scheme | str | None = None,
     progress: bool = True,
     group_fallback: bool = True,
     calibration=None,
@@ -390,7 +398,7 @@ def quantize_with_simulation(
 ) -> tuple[nn.Module, nn.Module]:
     """``(quantize_model(model, ...), quantize_model(copy, ..., fake_quant=True))`` from one
     calibration run: the kernels' model and the algorithm's simulation of exactly the same codes."""
-    linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data)
+    linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, lm_head)
     scheme = get_scheme(scheme)
     _moe_replacements(model, scheme, _ignore_patterns(ignore), group_fallback, simulated=True)  # refuses MoE blocks
     if calibration_data is None:
@@ -406,7 +414,7 @@ def quantize_with_simulation(
     return _swap_in(model, new + [(name, RMSNorm.from_module(mod)) for name, mod in norms]), simulation
 
 
-def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data):
+def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, lm_head=None):
     """Every check of quantize_model, before anything changes: the Linears and norms to convert,
     each Linear's scheme, the calibration steps."""
     scheme = get_scheme(scheme)
@@ -415,13 +423,36 @@ def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data):
     candidates = _candidates(model)
     if ignore is not None:
         _warn_unmatched(patterns, [n for n, _ in candidates] + [f"{n}{tail}" for n, _ in sparse_moe_blocks(model) for tail in ("", ".experts")])
+    heads, head_scheme = _heads(candidates, lm_head, ignore, patterns)
+    if heads and ignore is None:
+        patterns = ()  # the default ignore is the head alone
     kept = [(n, m) for n, m in candidates if not _ignored(n, patterns)]
     linears = [(n, m) for n, m in kept if isinstance(m, nn.Linear)]
     norms = [(n, m) for n, m in kept if not isinstance(m, nn.Linear)]
     _refuse_nothing_to_quantize(model, linears, candidates, patterns)
-    schemes = _layer_schemes(linears, scheme, group_fallback)
+    body = [(n, m) for n, m in linears if n not in heads]
+    schemes = _layer_schemes(body, scheme, group_fallback)
+    if heads:
+        schemes.update(_layer_schemes([(n, m) for n, m in linears if n in heads], head_scheme, group_fallback))
     _check_all(linears + norms, scheme, schemes, group_fallback)
     steps = parse_recipe(calibration)
     _check_calibration(steps, scheme, calibration_data, calibration)
-    _warn_fallbacks(linears, schemes, scheme, stacklevel=4)
+    _warn_fallbacks(body, schemes, scheme, stacklevel=4)
+    if heads:
+        _warn_fallbacks([(n, m) for n, m in linears if n in heads], schemes, head_scheme, stacklevel=4)
     return linears, norms, schemes, steps
+
+
+def _heads(candidates: list, lm_head, ignore, patterns: tuple[str, ...]) -> tuple[set[str], Scheme | None]:
+    """The output-head Linears ``lm_head=`` quantizes (named ``lm_head``) and their scheme."""
+    if lm_head is None:
+        return set(), None
+    head_scheme = get_scheme(lm_head)
+    if head_scheme.static_act:
+        raise ValueError(f"lm_head={head_scheme.name!r}: a static activation scale needs calibration, which runs inside the decoder layers only")
+    heads = {n for n, m in candidates if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] == "lm_head"}
+    if not heads:
+        raise ValueError(f"lm_head={head_scheme.name!r}: the model has no nn.Linear named lm_head")
+    if ignore is not None and any(_ignored(n, patterns) for n in heads):
+        raise ValueError(f"lm_head={head_scheme.name!r} quantizes the head, but ignore={patterns!r} keeps it in floating point: drop one of the two")
+    return heads, head_scheme

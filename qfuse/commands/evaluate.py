@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
         default=128,
         help="calibration windows of --window tokens from qfuse.calibration.calibration_text (default 128)",
     )
+    q.add_argument("--lm-head", default=None, metavar="SCHEME", help="quantize the output head too, e.g. W8A16 (default: kept in floating point)")
     q.add_argument("--fake-quant", action="store_true", help="evaluate the calibration's own fake-quant simulation instead of qfuse's ops")
     t = p.add_argument_group("the accuracy table")
     t.add_argument("--table", action="store_true", help="every scheme x recipe; writes accuracy.csv / .md / .png to --out")
@@ -65,8 +66,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("qfuse eval: --table needs --out DIR")
     if args.table and args.scheme:
         raise SystemExit("qfuse eval: --table runs every scheme; use --schemes to choose some, not --scheme")
-    if (args.calibration or args.fake_quant) and not args.scheme:
-        raise SystemExit("qfuse eval: --calibration and --fake-quant quantize a float model: they need --scheme")
+    if (args.calibration or args.fake_quant or args.lm_head) and not args.scheme:
+        raise SystemExit("qfuse eval: --calibration, --fake-quant and --lm-head quantize a float model: they need --scheme")
     if args.calibration_samples < 1:
         raise SystemExit("qfuse eval: --calibration-samples must be >= 1")
     if args.jobs < 1:
@@ -102,10 +103,13 @@ def _quantize(model, tok, args: argparse.Namespace):
     data = _calibration_data(tok, args) if steps or scheme.static_act else None
     t0 = time.perf_counter()
     try:
-        model = quantize_model(model, scheme, calibration=steps, calibration_data=data, fake_quant=args.fake_quant)
+        model = quantize_model(model, scheme, lm_head=args.lm_head, calibration=steps, calibration_data=data, fake_quant=args.fake_quant)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"qfuse eval: {e}") from None
-    print(f"quantized to {scheme.name} ({args.calibration or 'rtn'}{', fake-quant' if args.fake_quant else ''}) in {time.perf_counter() - t0:.1f} s")
+    head = f", lm_head {args.lm_head}" if args.lm_head else ""
+    print(
+        f"quantized to {scheme.name} ({args.calibration or 'rtn'}{', fake-quant' if args.fake_quant else ''}{head}) in {time.perf_counter() - t0:.1f} s"
+    )
     return model
 
 

@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--scheme", required=True, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--ignore", nargs="*", default=None, help="layers to keep in floating point (default: lm_head)")
+    p.add_argument("--lm-head", default=None, metavar="SCHEME", help="quantize the output head too, e.g. W8A16 (default: kept in floating point)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default=None, help="activation dtype (default: the model's, else bfloat16)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     p.add_argument("--calibration", default=None, help="recipe: rtn (default), sq, awq, gptq or steps joined by '+' (sq+gptq, awq+gptq)")
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     steps, data = _calibration(args, scheme, tokenizer)
     t0 = time.perf_counter()
     try:
-        quantize_model(model, scheme, ignore=args.ignore, calibration=steps, calibration_data=data)
+        quantize_model(model, scheme, ignore=args.ignore, lm_head=args.lm_head, calibration=steps, calibration_data=data)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"qfuse quantize: {e}") from None
     if data is not None:

@@ -179,3 +179,12 @@ def test_from_pretrained_peak_memory_is_about_the_quantized_size(tmp_path):
     # weights would add their 411 MB
     assert held < 0.3 * float_bytes
     assert peak < 0.5 * float_bytes
+
+
+def test_quantized_lm_head_round_trips(ids, tmp_path):
+    model = qfuse.quantize_model(float32_rotary(tiny_hf_model("llama", layers=1)), "W4A16", lm_head="W8A16", progress=False)
+    qfuse.save_quantized(model, tmp_path, progress=False)
+    loaded = qfuse.from_pretrained(tmp_path, progress=False)
+    assert isinstance(loaded.lm_head, qfuse.QuantLinear) and loaded.lm_head.scheme == model.lm_head.scheme
+    assert all(torch.equal(t, loaded.lm_head.get_buffer(n)) for n, t in model.lm_head.named_buffers())
+    assert torch.equal(logits(loaded, ids), logits(model, ids))

@@ -366,3 +366,49 @@ def test_no_group_dividing_k_still_raises_and_leaves_model_unchanged(recwarn):
     with pytest.warns(UserWarning, match=r"3 of 3 layer\(s\) .*: 1 with group 64 \(W4A8_G64, e.g. 0\), 2 per channel \(W4A8, e.g. 1\)"):
         qfuse.quantize_model(model, "W4A8_G128", ignore="3", progress=False)
     assert [m.scheme.name for m in model[:3]] == ["W4A8_G64", "W4A8", "W4A8"]  # K = 192, 80, 48
+
+
+@pytest.mark.parametrize("head", ["W8A16", "W4A16"])
+def test_lm_head_takes_its_own_scheme(head):
+    base = tiny_hf_model("llama", layers=1)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = base(ids, use_cache=False).logits.float()
+        body_only = qfuse.quantize_model(copy.deepcopy(base), "W4A8", progress=False)(ids, use_cache=False).logits.float()
+        model = qfuse.quantize_model(base, "W4A8", lm_head=head, progress=False)
+        out = model(ids, use_cache=False).logits.float()
+    assert isinstance(model.lm_head, qfuse.QuantLinear) and model.lm_head.scheme.name == head
+    assert model.model.layers[0].mlp.down_proj.scheme.name == "W4A8"
+    assert rel_err(out, ref) < MAX_REL_ERR["W4A8"] and not torch.equal(out, body_only)
+    # the head's own error: W8 leaves the logits within W8's error of the body-only model
+    if head == "W8A16":
+        assert rel_err(out, body_only) < MAX_REL_ERR["W8A16"]
+
+
+def test_lm_head_tied_to_the_embedding_is_untied():
+    base = tiny_hf_model("llama", layers=1)
+    base.config.tie_word_embeddings = True
+    base.lm_head.weight = base.model.embed_tokens.weight
+    embed = base.model.embed_tokens.weight.detach().clone()
+    model = qfuse.quantize_model(base, "W4A16", lm_head="W8A16", progress=False)
+    assert isinstance(model.lm_head, qfuse.QuantLinear)
+    assert torch.equal(model.model.embed_tokens.weight, embed)
+    torch.testing.assert_close(model.lm_head.dequantized_weight().float(), embed.float(), rtol=0.02, atol=0.02)
+
+
+def test_lm_head_with_a_ragged_group_falls_back_and_warns():
+    base = tiny_hf_model("llama", layers=1, hidden=192, intermediate=384)  # 192 = 128 + 64
+    with pytest.warns(UserWarning, match="W4A16_G64"):
+        model = qfuse.quantize_model(base, "W8A16", lm_head="W4A16", progress=False)
+    assert model.lm_head.scheme.name == "W4A16_G64"
+
+
+def test_lm_head_errors():
+    with pytest.raises(ValueError, match="ignore=.*keeps it in floating point"):
+        qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", lm_head="W8A16", ignore=["lm_head"], progress=False)
+    with pytest.raises(ValueError, match="no nn.Linear named lm_head"):
+        qfuse.quantize_model(nn.Sequential(nn.Linear(64, 64).bfloat16()), "W4A16", lm_head="W8A16", progress=False)
+    with pytest.raises(ValueError, match="static activation scale"):
+        qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", lm_head="W8A8_STATIC", progress=False)
+    with pytest.raises(ValueError, match="unknown|scheme"):
+        qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", lm_head="W3A16", progress=False)
