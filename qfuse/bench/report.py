@@ -12,7 +12,7 @@ and optional row filters (``COL=v1,v2``, ``COL<=v``, ``COL>=v``; numeric) follow
     <!-- report end -->
 
 The kind of a CSV is told by its columns: those written by ``qfuse bench gemm`` (W4A16 / W8A16),
-``int8_gemm`` (W8A8, W4A8), ``norm_quant``, ``decoder`` and ``act_order``. Every ratio reads
+``int8_gemm`` (W8A8, W4A8), ``norm_quant``, ``decoder``, ``act_order``, ``model``, ``eager`` and ``moe``. Every ratio reads
 as the other time over the op's (``x bf16`` = bf16 us / op us: above 1 the op is faster); where the
 CSV has that ratio as a column (the bench computed it from unrounded times) the column is used, else
 it is computed from the CSV's times. ``% of floor`` = the floor's time (bytes / the run's measured
@@ -222,6 +222,20 @@ def _model(rows: list[Row]) -> list[Column]:
     ]
 
 
+def _moe(rows: list[Row]) -> list[Column]:
+    return [
+        ("shape", _text("shape")),
+        ("M", _text("M")),
+        ("case", _text("case")),
+        ("us", _us("us")),
+        ("x bf16", _ratio("bf16_us", "us", "x_bf16")),
+        ("x loop", _ratio("loop_us", "us", "x_loop")),
+        ("% of floor", _pct("floor_us", "us", "pct_of_floor")),
+        ("experts touched", _text("experts_touched")),
+        ("kernel", lambda r: kernel_label(r.get("config", ""))),
+    ]
+
+
 def _eager(rows: list[Row]) -> list[Column]:
     return [
         ("call", _text("what")),
@@ -244,6 +258,7 @@ KINDS: list[tuple[set[str], Callable[[list[Row]], list[Column]]]] = [
     ({"plain_us", "compiled_act_order_us"}, _act_order),
     ({"tokens_per_s", "x_bf16", "mode"}, _model),
     ({"host_us", "wall_us", "gpu_us"}, _eager),
+    ({"experts_touched", "loop_us", "floor_us"}, _moe),
 ]
 
 

@@ -39,8 +39,34 @@ def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, capsys):
     assert "W9A9: FAILED" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["llama3-8b", "qwen2-7b"])
+@pytest.mark.parametrize("name", ["llama3-8b", "qwen2-7b", "mixtral-8x7b"])
 def test_published_shapes(name):
     config = bench_model.model_config(name, layers=2)
     assert config.num_hidden_layers == 2
-    assert (config.hidden_size, config.intermediate_size) == {"llama3-8b": (4096, 14336), "qwen2-7b": (3584, 18944)}[name]
+    shapes = {"llama3-8b": (4096, 14336), "qwen2-7b": (3584, 18944), "mixtral-8x7b": (4096, 14336)}
+    assert (config.hidden_size, config.intermediate_size) == shapes[name]
+
+
+def test_mixtral_defaults_to_4_layers_of_its_shape():
+    config = bench_model.model_config("mixtral-8x7b")
+    assert type(config).__name__ == "MixtralConfig" and config.num_hidden_layers == 4
+    assert (config.num_local_experts, config.num_experts_per_tok, config.vocab_size) == (8, 2, 32000)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
+
+
+def test_mixtral_case_quantizes_the_experts_and_skips_torchao(tmp_path, capsys):
+    from qfuse.moe import QuantMoE
+
+    model = bench_model.build_model(bench_model.model_config("tiny-mixtral"), "W4A16", "cpu")
+    assert all(isinstance(layer.mlp, QuantMoE) and layer.mlp.experts.scheme.name == "W4A16" for layer in model.model.layers)
+    out = tmp_path / "out"
+    rc = bench_model.main(
+        ["--model", "tiny-mixtral", "--device", "cpu", "--cases", "bf16", "W4A16", "torchao-int4", "--batches", "1", "--eager-batches", "1"]
+        + ["--context", "16", "--no-compile", "--steps", "1", "--out", str(out)]
+    )
+    assert rc == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["case"], r["mode"]) for r in rows] == [("bf16", "eager"), ("W4A16", "eager"), ("torchao-int4", "skipped")]
+    assert float(rows[1]["weight_gb"]) < float(rows[0]["weight_gb"]) / 2  # the experts are most of the weights
+    assert "experts" in rows[2]["error"]
+    assert "torchao-int4: skipped on tiny-mixtral" in capsys.readouterr().out
