@@ -9,6 +9,8 @@ changes global Inductor config. Per graph it runs:
    ``quant_per_token_int8`` node; the first recognizer that accepts the quant's
    producer rewrites it): fused_add_rms_norm, add + rms_norm, rms_norm,
    silu * mul, then the torch-native norm forms.
+3. ``add_rms_norm``: a residual add read by a ``qfuse::rms_norm`` that no quant follows (the
+   weight-only schemes, the final norm) becomes ``fused_add_rms_norm`` (add_norm.py).
 
 ``uuid()`` hashes the source of every module of this package and the config, so
 the FX graph cache stays on and never serves a graph built by other passes.
@@ -27,6 +29,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg, Match, PatternMatcherPass, register_graph_pattern
 
 from . import norm_quant, silu_mul_quant
+from .add_norm import fuse_add_rms_norm
 from .counters import counters, log, record
 from .dedup_quant import QUANT, dedup_quant
 from .graph_utils import peel_row_reshapes
@@ -44,6 +47,7 @@ class PassConfig:
     # F.rms_norm / nn.RMSNorm multiply the weight in fp32 and round once; the fused op
     # rounds like HF (before the weight multiply): int8 codes may move by up to 2. Opt-in.
     torch_rms_norm: bool = False
+    fuse_add_norm: bool = True  # residual add + qfuse rms_norm (no quant after) -> fused_add_rms_norm
 
 
 # (counter name, recognizer, config fields that must all be on), larger patterns first.
@@ -117,6 +121,8 @@ class QfusePostGradPass(CustomGraphPass):
             record("dedup_quant", dedup_quant(graph))
         if graph.find_nodes(op="call_function", target=QUANT):
             pattern_pass(self.config).apply(graph)
+        if self.config.fuse_add_norm:
+            record("add_rms_norm", fuse_add_rms_norm(graph))
         fired = counters - before
         if fired:
             graph.lint()

@@ -1,7 +1,7 @@
 """Tiny random-weight HF Llama / Qwen2 / Mistral, quantized W8A8 and W4A8, compiled with
 fullgraph=True: every quant after a norm or SiLU-and-mul is fused, so exactly one
 standalone quant per decoder layer remains (the one before o_proj), and the logits
-equal the unfused compile."""
+equal the unfused compile. Weight-only: every residual add goes into its norm."""
 
 import copy
 
@@ -47,10 +47,31 @@ def test_decoder_has_one_standalone_quant_per_layer(base_models, arch, scheme):
         "rms_norm_quant": 1,
         "add_rms_norm_quant": 2 * LAYERS - 1,
         "silu_and_mul_quant": LAYERS,
+        "add_rms_norm": 1,  # the final norm before the bf16 lm_head
     }
     assert count_standalone_quants(rec.before) == 7 * LAYERS
     assert count_standalone_quants(rec.after) == LAYERS  # the o_proj input (attention output)
     after = rec.after.counts[0]
-    assert after.get("qfuse.rms_norm", 0) == 1  # the final norm before the bf16 lm_head
+    assert after.get("qfuse.rms_norm", 0) == 0 and after.get("qfuse.fused_add_rms_norm") == 1  # the final norm
     assert after.get("qfuse.fused_add_rms_norm_quant") == 2 * LAYERS - 1
     assert_same(unfused, fused)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_weight_only_residual_adds_go_into_the_norms(base_models, arch):
+    model = qfuse.quantize_model(copy.deepcopy(base_models[arch]), "W4A16", progress=False)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+
+    def logits(input_ids):
+        return model(input_ids).logits
+
+    unfused = run_compiled(logits, (ids,), passes=False, options=EXACT)
+    qfuse.passes.reset_counters()
+    rec = Before()
+    fused = run_compiled(logits, (ids,), passes=False, options={**EXACT, "post_grad_custom_post_pass": rec})
+    # layer 0's input norm reads the embedding; every later norm, and the final one, a residual add
+    assert {k: v for k, v in qfuse.passes.counters.items() if v} == {"add_rms_norm": 2 * LAYERS}
+    before, after = rec.before.counts[0], rec.after.counts[0]
+    assert after.get("qfuse.fused_add_rms_norm") == 2 * LAYERS and after.get("qfuse.rms_norm") == 1
+    assert after.get("aten.add.Tensor", 0) == before.get("aten.add.Tensor", 0) - 2 * LAYERS
+    assert torch.equal(unfused, fused)
