@@ -7,22 +7,33 @@
 Loading never materializes a float weight of a quantized layer: ``from_pretrained`` builds
 the Hugging Face model with its parameters on the meta device and fills it tensor by tensor,
 each quantized layer straight into the qfuse layout.
+
+Sparse-MoE blocks (Mixtral, Qwen2-MoE, Qwen3-MoE; :class:`qfuse.moe.QuantMoE`) are stored as
+Hugging Face checkpoints store them: each expert is three Linears under the names of
+:data:`qfuse.moe.CHECKPOINT_NAMES` (Mixtral: ``<layer>.block_sparse_moe.experts.<e>.w1`` / ``w3`` /
+``w2``, its router ``<layer>.block_sparse_moe.gate``; Qwen: ``<layer>.mlp.experts.<e>.gate_proj`` /
+``up_proj`` / ``down_proj``), each quantized expert Linear written exactly as a dense layer of its
+scheme (the same tensors and config group), float experts as ``.weight``. Loading stacks the
+expert layers of each block back into :class:`qfuse.moe.QuantExperts`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .formats import CheckpointError, open_checkpoint, quantization_config
+from .formats import CheckpointError, LayerSpec, open_checkpoint, quantization_config
+from .formats.base import FLOAT_DTYPES
 from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
 from .formats.compressed_tensors import NAME as CT_NAME
 from .formats.files import write_safetensors
 from .linear import QuantLinear
+from .moe import CHECKPOINT_NAMES, QuantExperts, QuantMoE, block_routing, is_sparse_moe_block
 from .norm import RMSNorm, is_convertible_rmsnorm
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -66,45 +77,196 @@ def _set_tensor(model: nn.Module, name: str, value: Tensor) -> None:
         module._buffers[leaf] = value
 
 
-def _plain_tensors(reader, model: nn.Module, specs: dict, dtype: torch.dtype, device) -> dict[str, Tensor]:
-    """Every checkpoint tensor that is not part of a quantized layer, checked against the
-    model's parameter or buffer of that name (shape; floating point or not), cast to ``dtype``."""
+def _plain_tensors(reader, model: nn.Module, consumed: set[str], quantized: tuple[str, ...], rename, dtype: torch.dtype, device) -> dict[str, Tensor]:
+    """Every checkpoint tensor that is not ``consumed`` by a quantized layer or an expert, by its
+    name in the model (``rename``), checked against the model's parameter or buffer of that name
+    (shape; floating point or not), cast to ``dtype``. A tensor under a ``quantized`` prefix (a
+    checkpoint name) that no layer consumes belongs to nothing."""
     files = reader.files
-    consumed = {t for spec in specs.values() for t in spec.tensors}
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(model.named_buffers(remove_duplicate=False))
-    quantized = tuple(f"{p}." for p in specs)
     plain = {}
-    for name in files.names():
-        if name in consumed:
+    for stored in files.names():
+        if stored in consumed:
             continue
-        where = files.file_of[name]
-        if name not in targets or name.startswith(quantized):
-            raise CheckpointError(f"{where}: tensor {name!r} belongs to no parameter or buffer of the model")
+        where = files.file_of[stored]
+        name = rename(stored)
+        if name not in targets or stored.startswith(quantized):
+            shown = repr(stored) if name == stored else f"{stored!r} ({name} in the model)"
+            raise CheckpointError(f"{where}: tensor {shown} belongs to no parameter or buffer of the model")
         want = targets[name]
-        t = files.get(name)
+        t = files.get(stored)
         if tuple(t.shape) != tuple(want.shape):
-            raise CheckpointError(f"{where}: tensor {name!r} has shape {list(t.shape)}, the model expects {list(want.shape)}")
+            raise CheckpointError(f"{where}: tensor {stored!r} has shape {list(t.shape)}, the model expects {list(want.shape)}")
         if t.is_floating_point() != want.is_floating_point():
             raise CheckpointError(
-                f"{where}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}, "
+                f"{where}: tensor {stored!r} has dtype {str(t.dtype).removeprefix('torch.')}, "
                 f"the model expects {str(want.dtype).removeprefix('torch.')}"
             )
         plain[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
     return plain
 
 
-def _check_nothing_missing(model: nn.Module, specs: dict, plain: dict[str, Tensor], files) -> None:
+def _check_nothing_missing(model: nn.Module, replaced: tuple[str, ...], plain: dict[str, Tensor], files) -> None:
     """Fail, before the model is touched, on any parameter or stored buffer the checkpoint
-    does not provide (a tied weight is provided when one of its names is)."""
+    does not provide (a tied weight is provided when one of its names is); names under a
+    ``replaced`` prefix belong to modules the loader replaces."""
     aliases = _aliases(model)
-    replaced = tuple(f"{p}." for p in specs)
     stored = set(model.state_dict(keep_vars=True))
     missing = [n for n in aliases if n in stored and not n.startswith(replaced) and not any(a in plain for a in aliases[n])]
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         shards = ", ".join(sorted({f.name for f in files.file_of.values()}))
         raise CheckpointError(f"{files.path}: the checkpoint has no tensor for {', '.join(missing[:10])}{more} (searched {shards})")
+
+
+# ----------------------------------------------------------------------------- sparse-MoE blocks
+
+
+@dataclass
+class _MoeSite:
+    """A sparse-MoE block of the model (a Hugging Face block or a QuantMoE) and its checkpoint names."""
+
+    name: str  # in the model
+    module: nn.Module
+    disk: str  # the block's name in checkpoints
+    projections: tuple[str, str, str]  # gate, up, down
+    num_experts: int
+    hidden: int
+    intermediate: int
+
+    def expert(self, e: int, j: int) -> str:
+        """The checkpoint name of expert ``e``'s projection ``j`` (0 gate, 1 up, 2 down)."""
+        return ".".join(p for p in (self.disk, "experts", str(e), self.projections[j]) if p)
+
+    def expert_shape(self, j: int) -> tuple[int, int]:
+        return (self.hidden, self.intermediate) if j == 2 else (self.intermediate, self.hidden)
+
+    def describe(self) -> str:
+        names = " / ".join(self.projections)
+        return f"{self.disk}.experts.<e>.{names} for e in 0..{self.num_experts - 1}"
+
+
+def _moe_sites(model: nn.Module) -> list[_MoeSite]:
+    """Every sparse-MoE block of ``model``, Hugging Face or :class:`QuantMoE`, with its checkpoint names."""
+    sites = []
+    for name, m in model.named_modules():
+        if isinstance(m, QuantMoE):
+            block_type = m.block_type
+            e, h, i = m.experts.num_experts, m.experts.hidden_size, m.experts.intermediate_size
+        elif is_sparse_moe_block(m):
+            block_type = type(m).__name__
+            e, two_i, h = m.experts.gate_up_proj.shape
+            i = two_i // 2
+        else:
+            continue
+        if block_type not in CHECKPOINT_NAMES:
+            raise ValueError(
+                f"{name or 'the model'}: QuantMoE of block type {block_type!r} has no checkpoint names for its experts "
+                f"(known: {', '.join(CHECKPOINT_NAMES)}); build it with QuantMoE.from_block or QuantMoE.with_experts"
+            )
+        leaf, projections = CHECKPOINT_NAMES[block_type]
+        parent = name.rpartition(".")[0]
+        disk = name if leaf is None or not name else ".".join(p for p in (parent, leaf) if p)
+        sites.append(_MoeSite(name, m, disk, projections, e, h, i))
+    return sites
+
+
+def _renamer(sites: list[_MoeSite], to_disk: bool):
+    """Tensor or module name in the model -> in checkpoints (``to_disk``), or back: the blocks whose
+    checkpoint name differs (Mixtral's ``block_sparse_moe``) swap that prefix."""
+    pairs = [(s.name, s.disk) if to_disk else (s.disk, s.name) for s in sites if s.disk != s.name]
+
+    def rename(name: str) -> str:
+        for src, dst in pairs:
+            if name == src or name.startswith(f"{src}."):
+                return dst + name[len(src) :]
+        return name
+
+    return rename
+
+
+def _listing(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _split_experts(files, sites: list[_MoeSite], specs: dict[str, LayerSpec], rename) -> tuple[dict, dict]:
+    """Take each block's expert layers out of ``specs``: ``({block: [[gate, up, down] LayerSpec per
+    expert]}, {block: [[gate, up, down] name of a float expert per expert]})``. A block has all its
+    experts quantized, all float (``.weight``), or none per expert (then the model's own names, a
+    fused ``experts.gate_up_proj``, must be in the checkpoint); anything else, an expert layer of the
+    wrong shape or scheme, or one the block does not have, is a CheckpointError naming it."""
+    quantized, floats = {}, {}
+    model_names = {rename(n) for n in files.names()}
+    for site in sites:  # quantized layers under a block's experts that are not its experts
+        expected = {site.expert(e, j) for e in range(site.num_experts) for j in range(3)}
+        stray = sorted(p for p in specs if p.startswith(f"{site.disk}.experts.") and p not in expected)
+        if stray:
+            raise CheckpointError(
+                f"{files.where(stray[0])}: quantized layer {_listing(stray, 3)}: block {site.name} ({type(site.module).__name__}) "
+                f"has {site.num_experts} experts, stored as {site.describe()}"
+            )
+    for site in sites:
+        rows = [[site.expert(e, j) for j in range(3)] for e in range(site.num_experts)]
+        flat = [p for row in rows for p in row]
+        where = files.where(f"{site.disk}.experts") if site.disk else str(files.path)
+        label = f"{where}: sparse-MoE block {site.name} ({type(site.module).__name__}: {site.describe()})"
+        found_q = [p for p in flat if p in specs]
+        found_f = [p for p in flat if f"{p}.weight" in files and p not in specs]
+        if found_q:
+            missing = [p for p in flat if p not in specs]
+            if missing:
+                raise CheckpointError(f"{label}: {len(found_q)} of {len(flat)} expert layers are quantized; no quantized layer {_listing(missing)}")
+            first = specs[flat[0]].scheme
+            for e, row in enumerate(rows):
+                for j, p in enumerate(row):
+                    spec = specs[p]
+                    n, k = site.expert_shape(j)
+                    if (spec.out_features, spec.in_features) != (n, k):
+                        raise CheckpointError(
+                            f"{files.where(p)}: expert layer {p} is [{spec.out_features}, {spec.in_features}], block {site.name} "
+                            f"needs [{n}, {k}] (hidden size {site.hidden}, expert intermediate size {site.intermediate})"
+                        )
+                    if spec.scheme != first:
+                        raise CheckpointError(
+                            f"{files.where(p)}: expert layer {p} has scheme {spec.scheme.name} and {flat[0]} {first.name}; "
+                            "the experts of one block run one scheme"
+                        )
+            quantized[site.name] = [[specs.pop(p) for p in row] for row in rows]
+        elif found_f:
+            missing = [f"{p}.weight" for p in flat if f"{p}.weight" not in files]
+            if missing:
+                raise CheckpointError(f"{label}: {len(found_f)} of {len(flat)} float expert weights are stored; no tensor {_listing(missing)}")
+            floats[site.name] = rows
+        elif not any(n.startswith(f"{site.name}.experts.") for n in model_names):
+            raise CheckpointError(f"{label}: the checkpoint has no expert tensors (no {flat[0]}.weight_packed / .weight / .qweight, ...)")
+    return quantized, floats
+
+
+def _load_experts(reader, site: _MoeSite, rows: list[list[LayerSpec]], dtype: torch.dtype, device) -> QuantMoE:
+    """The block's QuantMoE with experts built from their per-expert quantized layers."""
+    where = f"{reader.files.where(f'{site.disk}.experts')}: sparse-MoE block {site.name}"
+    if isinstance(site.module, QuantMoE):
+        top_k, renormalize = site.module.experts.top_k, site.module.experts.renormalize
+    else:
+        try:
+            top_k, renormalize = block_routing(site.module, site.name)
+        except ValueError as e:
+            raise CheckpointError(f"{where}: {e}") from None
+    layers = [tuple(reader.build(spec, dtype) for spec in row) for row in rows]
+    try:
+        experts = QuantExperts.from_expert_layers(layers, top_k, renormalize, rows[0][0].scheme, f"{site.disk}.experts")
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    return QuantMoE.with_experts(site.module, experts.to(device))
+
+
+def _float_experts(files, site: _MoeSite, rows: list[list[str]], dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+    """``(gate_up [E, 2I, H], down [E, H, I])`` from each expert's float ``.weight`` tensors."""
+    ws = [[files.get(f"{p}.weight", FLOAT_DTYPES, site.expert_shape(j)) for j, p in enumerate(row)] for row in rows]
+    gate_up = torch.stack([torch.cat([g, u]) for g, u, _ in ws]).to(device=device, dtype=dtype)
+    down = torch.stack([d for _, _, d in ws]).to(device=device, dtype=dtype)
+    return gate_up, down
 
 
 def load_quantized(
@@ -120,9 +282,12 @@ def load_quantized(
 
     ``model`` is the float architecture, with parameters real or on the meta device; each
     quantized layer in the checkpoint replaces the ``nn.Linear`` of that name by a
-    :class:`qfuse.QuantLinear`, every other tensor is assigned by name (cast to ``dtype`` if
-    floating point; tied weights stay tied), computed buffers left on the meta device (rotary
-    ``inv_freq``) are rebuilt from ``model.config``, and RMSNorms become :class:`qfuse.RMSNorm`.
+    :class:`qfuse.QuantLinear`, each sparse-MoE block whose experts are quantized in the
+    checkpoint becomes a :class:`qfuse.moe.QuantMoE` (its router and shared expert kept), every
+    other tensor is assigned by name (cast to ``dtype`` if floating point; tied weights stay
+    tied; float experts stored per expert are stacked into the block), computed buffers left on
+    the meta device (rotary ``inv_freq``) are rebuilt from ``model.config``, and RMSNorms become
+    :class:`qfuse.RMSNorm`.
     ``model=None`` builds the Hugging Face model from ``config.json`` (:func:`from_pretrained`).
 
     ``dtype`` (fp16 or bf16) defaults to the stored scale dtype for AutoAWQ and GPTQ (fp16, so
@@ -140,26 +305,55 @@ def load_quantized(
     config, _ = quantization_config(path)
     dtype = _model_dtype(config, dtype, reader)
     specs = reader.layers()
+    sites = _moe_sites(model)
+    to_model = _renamer(sites, to_disk=False)
+    moe_specs, moe_floats = _split_experts(reader.files, sites, specs, to_model)
     for prefix, spec in specs.items():
         where = reader.files.where(prefix)
+        name = to_model(prefix)
+        shown = prefix if name == prefix else f"{prefix} ({name} in the model)"
         try:
-            target = model.get_submodule(prefix)
+            target = model.get_submodule(name)
         except AttributeError:
-            raise CheckpointError(f"{where}: quantized layer {prefix} has no module of that name in the model") from None
+            raise CheckpointError(f"{where}: quantized layer {shown} has no module of that name in the model") from None
         shape = (target.out_features, target.in_features) if isinstance(target, (nn.Linear, QuantLinear)) else None
         if shape != (spec.out_features, spec.in_features):
             raise CheckpointError(
-                f"{where}: quantized layer {prefix} is [{spec.out_features}, {spec.in_features}], "
+                f"{where}: quantized layer {shown} is [{spec.out_features}, {spec.in_features}], "
                 f"the model's {type(target).__name__} there is {list(shape) if shape else 'not a linear layer'}"
             )
-    plain = _plain_tensors(reader, model, specs, dtype, device)
-    _check_nothing_missing(model, specs, plain, reader.files)
-    built = {}
-    for prefix, spec in tqdm(specs.items(), desc=f"qfuse load ({reader.name})", unit="layer", disable=not progress):
-        built[prefix] = reader.build(spec, dtype).to(device)
+    by_name = {site.name: site for site in sites}
+    consumed = {t for spec in specs.values() for t in spec.tensors}
+    consumed |= {t for rows in moe_specs.values() for row in rows for spec in row for t in spec.tensors}
+    consumed |= {f"{p}.weight" for rows in moe_floats.values() for row in rows for p in row}
+    quantized = tuple(f"{p}." for p in specs) + tuple(f"{by_name[n].disk}.experts." for n in [*moe_specs, *moe_floats])
+    plain = _plain_tensors(reader, model, consumed, quantized, to_model, dtype, device)
+    float_moes = {}
+    for name, rows in moe_floats.items():
+        site = by_name[name]
+        gate_up, down = _float_experts(reader.files, site, rows, dtype, device)
+        if isinstance(site.module, QuantMoE):  # a model whose block is converted already: float experts
+            e = site.module.experts
+            experts = QuantExperts(e.num_experts, e.hidden_size, e.intermediate_size, e.top_k, e.renormalize, None, {"w13": gate_up, "w2": down})
+            float_moes[name] = QuantMoE.with_experts(site.module, experts)
+        else:
+            plain[f"{name}.experts.gate_up_proj"], plain[f"{name}.experts.down_proj"] = gate_up, down
+    replaced = tuple(f"{to_model(p)}." for p in specs) + tuple(f"{n}.experts." for n in [*moe_specs, *float_moes])
+    _check_nothing_missing(model, replaced, plain, reader.files)
+    built, moes = {}, dict(float_moes)
+    total = len(specs) + sum(len(rows) * 3 for rows in moe_specs.values())
+    with tqdm(total=total, desc=f"qfuse load ({reader.name})", unit="layer", disable=not progress) as bar:
+        for name, rows in moe_specs.items():
+            moes[name] = _load_experts(reader, by_name[name], rows, dtype, device)
+            bar.update(len(rows) * 3)
+        for prefix, spec in specs.items():
+            built[to_model(prefix)] = reader.build(spec, dtype).to(device)
+            bar.update()
     # Everything is read and checked: the model changes from here on.
     aliases = _aliases(model)
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    for name, moe in moes.items():  # before the layers: a shared expert's Linears are set inside the new block
+        model.set_submodule(name, moe)
     for prefix, layer in built.items():
         model.set_submodule(prefix, layer)
     for name, t in plain.items():
@@ -230,16 +424,32 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     layers, whose integer group scale the format cannot express, are written as int-quantized
     W8A8 layers holding the exact int8 product and listed under ``qfuse_extension`` in
     config.json (engines run the same math; qfuse reloads them 4-bit).
+
+    The experts of a :class:`qfuse.moe.QuantMoE` are written one quantized Linear per expert and
+    projection under the Hugging Face checkpoint names (see the module docstring), each exactly as
+    a dense layer of the experts' scheme; float experts (a block kept in floating point) one
+    ``.weight`` per expert and projection, listed in ``ignore`` with the routers.
     """
     path = Path(path)
+    sites = _moe_sites(model)
     layers = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
-    if not layers:
-        raise ValueError("save_quantized: the model has no qfuse.QuantLinear layers; quantize it first (qfuse.quantize_model)")
+    quantized_moes = [s for s in sites if isinstance(s.module, QuantMoE) and s.module.experts.scheme is not None]
+    if not layers and not quantized_moes:
+        raise ValueError(
+            "save_quantized: the model has no qfuse.QuantLinear layers or quantized QuantMoE experts; quantize it first (qfuse.quantize_model)"
+        )
+    to_disk = _renamer(sites, to_disk=True)
+    entries = [(to_disk(n), m, False) for n, m in layers.items()]
+    for site in quantized_moes:
+        for e in range(site.num_experts):
+            entries += [(site.expert(e, j), lin, True) for j, lin in enumerate(site.module.experts.expert_layers(e))]
     tensors: dict[str, Tensor] = {}
     groups: dict[str, dict] = {}
     extension, extension_groups = [], {}
-    for name, layer in tqdm(layers.items(), desc="qfuse save", unit="layer", disable=not progress):
+    for name, layer, expert in tqdm(entries, desc="qfuse save", unit="layer", disable=not progress):
         entry, local, ext = layer_to_ct(layer)
+        if expert:  # views of the stacked expert buffers: safetensors refuses tensors that share memory
+            local = {k: v.clone() if v._base is not None else v for k, v in local.items()}
         key = json.dumps(entry, sort_keys=True)
         groups.setdefault(key, {**entry, "targets": []})["targets"].append(name)
         tensors.update({f"{name}.{k}": v for k, v in local.items()})
@@ -249,7 +459,7 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
             extension.append(name)
             if layer.scheme.group_size != 128:  # a layer of K not a multiple of 128 (quantize_model's group fallback)
                 extension_groups[name] = layer.scheme.group_size
-    prefixes = tuple(f"{n}." for n in layers)
+    prefixes = tuple(f"{n}." for n in layers) + tuple(f"{s.name}.experts." for s in sites)
     seen = set()
     for name, t in model.state_dict().items():
         if name.startswith(prefixes):
@@ -258,8 +468,22 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
         if t.numel() and key in seen:  # tied weights (lm_head = embed_tokens): stored once, re-tied on load
             continue
         seen.add(key)
-        tensors[name] = t
-    float_linears = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+        tensors[to_disk(name)] = t
+    float_experts = []
+    for site in sites:
+        if any(site is q for q in quantized_moes):
+            continue
+        experts = site.module.experts
+        gate_up, down = (experts.w13, experts.w2) if isinstance(site.module, QuantMoE) else (experts.gate_up_proj, experts.down_proj)
+        i = site.intermediate
+        for e in range(site.num_experts):
+            for j, w in enumerate((gate_up[e, :i], gate_up[e, i:], down[e])):
+                float_experts.append(site.expert(e, j))
+                tensors[f"{float_experts[-1]}.weight"] = w.detach().clone()
+    float_linears = {to_disk(n) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    # the routers stay float (they are nn.Linear layers in transformers 4 models)
+    routers = {".".join(p for p in (s.disk, "gate") if p) for s in sites}
+    float_linears = sorted(float_linears | routers | set(float_experts))
     config_groups = {}
     for i, g in enumerate(groups.values()):
         if len(groups) == 1:

@@ -15,6 +15,12 @@ sensitive); the shared expert and its gate are kept as the very modules of the b
 ``quantize_model`` converts their nn.Linears like any other. HF's Qwen routers round the top-k
 weights to the activation dtype before use; ``fused_moe`` keeps them in float32, a difference of
 one rounding of a factor.
+
+On disk (Hugging Face checkpoints, and what vLLM and compressed-tensors expect) each expert is
+three Linears, ``<block>.experts.<e>.<gate>`` / ``<up>`` / ``<down>``, which transformers fuses on
+load and splits on save (``conversion_mapping.py``); :data:`CHECKPOINT_NAMES` has the names, and
+:meth:`QuantExperts.expert_layers` / :meth:`QuantExperts.from_expert_layers` convert between the
+fused buffers and per-expert ``QuantLinear`` layers (qfuse/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from .linear import QuantLinear
 from .ops.moe.fused_moe import GROUP_SIZES
 from .ops.w4a8_gemm import dequantize_w4a8
 from .ops.wna16_gemm import dequantize_wna16
@@ -33,6 +40,23 @@ from .schemes import Scheme, get_scheme
 SPARSE_MOE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _TENSOR_NAMES = ("w13", "w13_scale", "w13_zeros", "w13_group_scale", "w2", "w2_scale", "w2_zeros", "w2_group_scale")
+# Checkpoint names of a block's experts, as transformers 5.24 saves them (conversion_mapping.py:
+# "mixtral" renames ".block_sparse_moe." to ".mlp." on load and merges experts.*.w1 / w3 into
+# gate_up_proj and w2 into down_proj; "qwen2_moe", also used for "qwen3_moe", merges
+# experts.*.gate_proj / up_proj and down_proj under the same block name). Block class ->
+# (the last component of the block's name on disk, None where it is the module's own;
+# the gate, up and down projection names of expert e, under "<block>.experts.<e>.").
+CHECKPOINT_NAMES = {
+    "MixtralSparseMoeBlock": ("block_sparse_moe", ("w1", "w3", "w2")),
+    "Qwen2MoeSparseMoeBlock": (None, ("gate_proj", "up_proj", "down_proj")),
+    "Qwen3MoeSparseMoeBlock": (None, ("gate_proj", "up_proj", "down_proj")),
+}
+# Per-expert QuantLinear buffer names of each format, by fused_moe tensor suffix ("" is the codes)
+_LINEAR_NAMES = {
+    "weight_only": {"": "qweight", "_scale": "scales", "_zeros": "zeros"},
+    "w8a8": {"": "wq", "_scale": "w_scale"},
+    "w4a8": {"": "qweight", "_scale": "w_scale", "_group_scale": "group_scale"},
+}
 
 
 def is_sparse_moe_block(module: nn.Module) -> bool:
@@ -62,6 +86,21 @@ def _quantize_stack(w: Tensor, scheme: Scheme) -> dict[str, Tensor | None]:
         if parts[0][src] is not None:
             out[key] = torch.stack([p[src] for p in parts]).contiguous()
     return out
+
+
+def _linear_names(scheme: Scheme) -> dict[str, str]:
+    if scheme.weight_only:
+        return _LINEAR_NAMES["weight_only"]
+    return _LINEAR_NAMES["w8a8" if scheme.weight_bits == 8 else "w4a8"]
+
+
+def block_routing(block: nn.Module, name: str = "") -> tuple[int, bool]:
+    """``(top_k, renormalize)`` of a Hugging Face sparse-MoE block; a ValueError for experts that are not SiLU-gated."""
+    label = name or type(block).__name__
+    act = getattr(block.experts, "act_fn", None)
+    if not isinstance(act, nn.SiLU) and type(act).__name__ != "SiLUActivation":
+        raise ValueError(f"{label}: experts use {type(act).__name__}; fused_moe runs SiLU-gated experts only")
+    return block.gate.top_k, bool(getattr(block.gate, "norm_topk_prob", True))  # Mixtral's router always renormalizes
 
 
 def check_moe_quantizable(gate_up: Tensor, down: Tensor, scheme: Scheme | None, name: str) -> None:
@@ -163,6 +202,75 @@ class QuantExperts(nn.Module):
             out.append(torch.stack(per_expert))
         return out[0], out[1]
 
+    def expert_layers(self, e: int) -> tuple[QuantLinear, QuantLinear, QuantLinear]:
+        """Expert ``e``'s gate ``[I, H]``, up ``[I, H]`` and down ``[H, I]`` projections as QuantLinears of
+        the experts' scheme, each exactly a dense layer of that scheme; their buffers are views of this module's."""
+        if self.scheme is None:
+            raise ValueError("expert_layers: the experts are not quantized (scheme=None); their float weights are w13 and w2")
+        if not 0 <= e < self.num_experts:
+            raise IndexError(f"expert_layers: expert {e} of {self.num_experts}")
+        h, i = self.hidden_size, self.intermediate_size
+        names = _linear_names(self.scheme)
+        out = []
+        for w, rows, k in (("w13", slice(0, i), h), ("w13", slice(i, 2 * i), h), ("w2", slice(0, h), i)):
+            tensors = {lin: getattr(self, w + suffix) for suffix, lin in names.items()}
+            tensors = {lin: None if t is None else t[e, rows] for lin, t in tensors.items()}
+            out.append(QuantLinear(k, rows.stop - rows.start, self.scheme, tensors, None))
+        return out[0], out[1], out[2]
+
+    @classmethod
+    def from_expert_layers(
+        cls, layers: list[tuple[QuantLinear, QuantLinear, QuantLinear]], top_k: int, renormalize: bool, scheme: Scheme | str, name: str = "experts"
+    ) -> "QuantExperts":
+        """The inverse of :meth:`expert_layers`: each expert's ``(gate, up, down)`` QuantLinears of ``scheme``,
+        stacked into the fused buffers. With an asymmetric weight-only scheme, a layer without zero points
+        (a checkpoint reader drops zero points that all equal 2**(bits-1)) gets them back. A ValueError
+        names the first layer that does not fit (shape, scheme, bias, act-order)."""
+        scheme = get_scheme(scheme)
+        if not layers:
+            raise ValueError(f"{name}: no experts")
+        i, h = layers[0][0].out_features, layers[0][0].in_features
+        if scheme.static_act:
+            raise ValueError(f"{name}: {scheme.name} (static activation scales) is not supported for MoE experts")
+        if scheme.group_size != -1 and (scheme.group_size not in GROUP_SIZES or h % scheme.group_size or i % scheme.group_size):
+            raise ValueError(f"{name}: group_size={scheme.group_size} of {scheme.name} must divide hidden size {h} and expert intermediate size {i}")
+        if not scheme.weight_only and scheme.weight_bits == 8 and scheme.group_size != -1:
+            raise ValueError(f"{name}: W8A8 experts are per channel")
+        names = _linear_names(scheme)
+        parts: dict[str, list[list[Tensor | None]]] = {}
+        for e, triple in enumerate(layers):
+            for j, (lin, (n, k)) in enumerate(zip(triple, ((i, h), (i, h), (h, i)))):
+                label = f"{name}.{e}.{('gate', 'up', 'down')[j]}"
+                if (lin.out_features, lin.in_features) != (n, k):
+                    raise ValueError(f"{label}: [{lin.out_features}, {lin.in_features}], expected [{n}, {k}]")
+                s = lin.scheme
+                if (s.weight_bits, s.act_bits, s.group_size, s.static_act) != (scheme.weight_bits, scheme.act_bits, scheme.group_size, False) or (
+                    not s.symmetric and scheme.symmetric
+                ):
+                    raise ValueError(f"{label}: scheme {s.name}, the other experts' is {scheme.name}")
+                if lin.bias is not None:
+                    raise ValueError(f"{label}: has a bias; fused_moe experts have none")
+                if lin.act_perm is not None:
+                    raise ValueError(f"{label}: has act-order (act_perm); fused_moe experts run in natural input order")
+                for suffix, attr in names.items():
+                    t = getattr(lin, attr, None)
+                    if suffix == "_zeros" and t is None and not scheme.symmetric:
+                        groups = lin.scales.shape[1]
+                        t = torch.full((n, groups), 1 << (scheme.weight_bits - 1), dtype=torch.uint8, device=lin.scales.device)
+                    if suffix == "_scale" and not scheme.weight_only:
+                        t = t.float().reshape(-1).expand(n)  # a per-tensor scale ([1]) per channel
+                    key = ("w13" if j < 2 else "w2") + suffix
+                    parts.setdefault(key, [[] for _ in layers])[e].append(t)
+        tensors: dict[str, Tensor | None] = {}
+        for key, per_expert in parts.items():
+            if any(t is None for ts in per_expert for t in ts):
+                if not all(t is None for ts in per_expert for t in ts):
+                    raise ValueError(f"{name}: {key} is present for some experts only")
+                tensors[key] = None
+                continue
+            tensors[key] = torch.stack([torch.cat(ts) if len(ts) > 1 else ts[0] for ts in per_expert]).contiguous()
+        return cls(len(layers), h, i, top_k, renormalize, scheme, tensors)
+
     def weight_bytes(self) -> int:
         """Bytes of every expert buffer (codes, scales, zero points)."""
         return sum(b.numel() * b.element_size() for b in self.buffers())
@@ -180,12 +288,20 @@ class QuantMoE(nn.Module):
     ``shared_expert`` and ``shared_expert_gate`` modules. ``forward(hidden_states [..., H]) -> [..., H]``,
     as the Hugging Face block."""
 
-    def __init__(self, gate: nn.Module, experts: QuantExperts, shared_expert: nn.Module | None = None, shared_expert_gate: nn.Module | None = None):
+    def __init__(
+        self,
+        gate: nn.Module,
+        experts: QuantExperts,
+        shared_expert: nn.Module | None = None,
+        shared_expert_gate: nn.Module | None = None,
+        block_type: str | None = None,
+    ):
         super().__init__()
         self.gate = gate
         self.experts = experts
         self.shared_expert = shared_expert
         self.shared_expert_gate = shared_expert_gate
+        self.block_type = block_type  # the Hugging Face block's class name (CHECKPOINT_NAMES); None when unknown
 
     @classmethod
     def from_block(cls, block: nn.Module, scheme: Scheme | str | None, name: str = "") -> "QuantMoE":
@@ -194,13 +310,16 @@ class QuantMoE(nn.Module):
         label = name or type(block).__name__
         if not is_sparse_moe_block(block):
             raise TypeError(f"{label}: {type(block).__name__} is not a supported sparse-MoE block ({', '.join(SPARSE_MOE_BLOCKS)})")
-        experts, gate = block.experts, block.gate
-        act = getattr(experts, "act_fn", None)
-        if not isinstance(act, nn.SiLU) and type(act).__name__ != "SiLUActivation":
-            raise ValueError(f"{label}: experts use {type(act).__name__}; fused_moe runs SiLU-gated experts only")
-        renormalize = bool(getattr(gate, "norm_topk_prob", True))  # Mixtral's router always renormalizes
-        quant = QuantExperts.from_weights(experts.gate_up_proj, experts.down_proj, gate.top_k, renormalize, scheme, f"{label}.experts")
-        return cls(gate, quant, getattr(block, "shared_expert", None), getattr(block, "shared_expert_gate", None))
+        top_k, renormalize = block_routing(block, label)
+        quant = QuantExperts.from_weights(block.experts.gate_up_proj, block.experts.down_proj, top_k, renormalize, scheme, f"{label}.experts")
+        return cls.with_experts(block, quant)
+
+    @classmethod
+    def with_experts(cls, block: nn.Module, experts: QuantExperts) -> "QuantMoE":
+        """A QuantMoE of a Hugging Face sparse-MoE block (or another QuantMoE) with these experts: the block's
+        router, shared expert and shared-expert gate modules, and its block type."""
+        block_type = block.block_type if isinstance(block, QuantMoE) else type(block).__name__
+        return cls(block.gate, experts, getattr(block, "shared_expert", None), getattr(block, "shared_expert_gate", None), block_type)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         shape = hidden_states.shape

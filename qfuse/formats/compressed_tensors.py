@@ -458,7 +458,9 @@ def layer_to_ct(layer: QuantLinear) -> tuple[dict, dict[str, Tensor], bool]:
         out["weight"] = w4a8_int_weight(layer.qweight, layer.group_scale, s.group_size).to(torch.int8)
         w_scale = layer.w_scale.float()
         bits, extension = 8, True
-    strategy = "tensor" if w_scale.numel() == 1 else "channel"
+    # one scale for several output channels is per tensor; a layer of one output channel (Qwen2-MoE's
+    # shared_expert_gate) is per channel, which the W4A8_G128 extension requires
+    strategy = "tensor" if w_scale.numel() == 1 and n > 1 else "channel"
     out["weight_scale"] = w_scale.reshape(-1, 1) if strategy == "channel" else w_scale.reshape(1)
     if s.static_act:
         out["input_scale"] = layer.input_scale.float().reshape(1)
