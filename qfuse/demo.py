@@ -65,7 +65,7 @@ def run_demo(schemes: list[str] | None = None, *, compile_model: bool = True, dt
                 with fresh_cache():  # a cache hit would run no pass and count no fusion
                     compiled = qfuse_compile(model, fullgraph=True)(ids).float()
                 cdiff = f"{(compiled - out).abs().max().item():.2e}"
-                n_fused = sum(v for k, v in passes.counters.items() if k not in ("dedup_quant", "kept_float_output"))
+                n_fused = sum(v for k, v in passes.counters.items() if k not in ("dedup_quant", "kept_float_output", "add_rms_norm"))
                 fused = str(n_fused) if not scheme.weight_only else "-"
             else:
                 cdiff = "skipped"

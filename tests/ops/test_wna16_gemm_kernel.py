@@ -396,7 +396,7 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     of a wgmma still in flight (PTX leaves the result undefined: the former 8-bit TMA path's wrong
     results on the H200, ops/wna16/tma.py). The control: tiled_planes' JOIN form at 16 x 64 x 128
     split 2, opt-in because ptxas does exactly that there (is_experimental)."""
-    from ._sm90_scripts import run_sm90_script
+    from ._sm90_scripts import run_sm90_script_per_case
 
     join = '{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": true, "JOIN": true, "PLANES": 4, "num_warps": 4, "num_stages": 3}'
     assert is_experimental({"kernel": "tiled_planes", **json.loads(join)}, 4)
@@ -407,7 +407,7 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
         "offered,8,fp16,128,1,256,4096,4096",
         f"planessass,bf16,-1,{join}",
     ]  # M = 64: the WORDS TMA tiles offered there too
-    lines = run_sm90_script("_compile_sm90.py", cases).splitlines()
+    lines = run_sm90_script_per_case("_compile_sm90.py", cases).splitlines()
     offered = [line for line in lines if line.startswith("compiled offered,")]
     kinds = {f for line in offered for f in ("tiled_planes", "mma_words", "tiled_tma") if f'"kernel": "{f}"' in line}
     assert len(offered) >= 60 and kinds == {"tiled_planes", "mma_words", "tiled_tma"}, lines

@@ -139,7 +139,6 @@ PEAK_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_from_pretrained_peak_memory_is_about_the_quantized_size(tmp_path):
     """A 4-layer, 2048-wide Llama (411 MB of bf16 linear weights): loading its W4A16
     checkpoint raises the peak RSS by about the quantized size, never by the float size."""
