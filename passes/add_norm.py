@@ -17,7 +17,7 @@ import torch
 from torch.fx import Graph
 
 from . import graph_utils as gu
-from .norm_quant import _norm_args_ok, foldable_add
+from .norm_quant import foldable_add, norm_args_ok
 
 qfuse = torch.ops.qfuse
 
@@ -27,7 +27,7 @@ def fuse_add_rms_norm(graph: Graph) -> int:
     fused = 0
     for norm in list(graph.find_nodes(op="call_function", target=qfuse.rms_norm.default)):
         x, w, eps = gu.op_arg(norm, 0, "x"), gu.op_arg(norm, 1, "weight"), gu.op_arg(norm, 2, "eps")
-        ab = foldable_add(x) if _norm_args_ok(x, w, eps) else None
+        ab = foldable_add(x) if norm_args_ok(x, w, eps) else None
         if ab is None:
             continue
         args = (*ab, w, float(eps))

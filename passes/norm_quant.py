@@ -36,7 +36,7 @@ def _eps_ok(eps) -> bool:
     return isinstance(eps, (float, int)) and not isinstance(eps, bool) and eps > 0
 
 
-def _norm_args_ok(x, w, eps) -> bool:
+def norm_args_ok(x, w, eps) -> bool:
     xv, wv = gu.val(x), gu.val(w)
     if xv is None or wv is None or not _eps_ok(eps):
         return False
@@ -59,7 +59,7 @@ def foldable_add(x) -> tuple[Node, Node] | None:
 
 
 def _plan(x, w, eps, producer: Node, dead: list[Node], with_add: bool) -> Plan | None:
-    if not _norm_args_ok(x, w, eps):
+    if not norm_args_ok(x, w, eps):
         return None
     if with_add:
         ab = foldable_add(x)
@@ -85,7 +85,7 @@ def fused_add_rms_norm(prod: Node) -> Plan | None:
     if not isinstance(f, Node) or f.op != "call_function" or f.target is not qfuse.fused_add_rms_norm.default:
         return None
     x, r, w, eps = (gu.op_arg(f, i, n) for i, n in enumerate(("x", "residual", "weight", "eps")))
-    if not _norm_args_ok(x, w, eps):
+    if not norm_args_ok(x, w, eps):
         return None
     try:
         residual = gu.getitem_users(f).get(1, [])

@@ -11,12 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _command(script: str, cases: list[str]) -> dict:
+    """The subprocess arguments that run ``tests/ops/<script> <cases...>`` without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return dict(args=[sys.executable, str(ROOT / "tests" / "ops" / script), *cases], cwd=ROOT, env=env, text=True)
+
+
 def run_sm90_script(script: str, cases: list[str]) -> str:
     """stdout of ``python tests/ops/<script> <cases...>``, which must exit 0 (its stderr tail otherwise)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "ops" / script), *cases], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    run = subprocess.run(**_command(script, cases), capture_output=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
 
@@ -25,13 +28,7 @@ def run_sm90_script_per_case(script: str, cases: list[str]) -> str:
     """:func:`run_sm90_script` with one process per case, all at once (the compiles are
     independent and CPU-bound: CI's two cores run them in about half the time); the stdouts
     are joined in case order."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "ops" / script), case], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for case in cases
-    ]
+    procs = [subprocess.Popen(**_command(script, [case]), stdout=subprocess.PIPE, stderr=subprocess.PIPE) for case in cases]
     outs = []
     for case, proc in zip(cases, procs):
         out, err = proc.communicate(timeout=600)

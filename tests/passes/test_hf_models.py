@@ -11,7 +11,7 @@ import torch
 import qfuse
 from tests.hf_models import tiny_hf_model
 
-from .helpers import EXACT, Before, assert_same, count_standalone_quants, run_compiled
+from .helpers import assert_same, count_standalone_quants, fused_vs_unfused
 
 LAYERS = 2
 
@@ -34,11 +34,8 @@ def test_decoder_has_one_standalone_quant_per_layer(base_models, arch, scheme):
     def logits(input_ids):
         return model(input_ids).logits
 
-    unfused = run_compiled(logits, (ids,), passes=False, options=EXACT)
-    qfuse.passes.reset_counters()
-    rec = Before()
-    fused = run_compiled(logits, (ids,), passes=False, options={**EXACT, "post_grad_custom_post_pass": rec})
-    counts = {k: v for k, v in qfuse.passes.counters.items() if v}
+    unfused, fused, counters, rec = fused_vs_unfused(logits, (ids,))
+    counts = {k: v for k, v in counters.items() if v}
 
     # per layer: q/k/v share one quant (2 removed), gate/up share one (1 removed);
     # layer 0's input norm reads the embedding (plain rms_norm), every later norm reads a residual add.
@@ -65,12 +62,9 @@ def test_weight_only_residual_adds_go_into_the_norms(base_models, arch):
     def logits(input_ids):
         return model(input_ids).logits
 
-    unfused = run_compiled(logits, (ids,), passes=False, options=EXACT)
-    qfuse.passes.reset_counters()
-    rec = Before()
-    fused = run_compiled(logits, (ids,), passes=False, options={**EXACT, "post_grad_custom_post_pass": rec})
+    unfused, fused, counters, rec = fused_vs_unfused(logits, (ids,))
     # layer 0's input norm reads the embedding; every later norm, and the final one, a residual add
-    assert {k: v for k, v in qfuse.passes.counters.items() if v} == {"add_rms_norm": 2 * LAYERS}
+    assert {k: v for k, v in counters.items() if v} == {"add_rms_norm": 2 * LAYERS}
     before, after = rec.before.counts[0], rec.after.counts[0]
     assert after.get("qfuse.fused_add_rms_norm") == 2 * LAYERS and after.get("qfuse.rms_norm") == 1
     assert after.get("aten.add.Tensor", 0) == before.get("aten.add.Tensor", 0) - 2 * LAYERS
