@@ -30,7 +30,8 @@ class Problem:
     ``bits`` of the weights (4 or 8), ``group_size`` (-1 per channel), ``dtype`` of the
     activations (wna16; None when unknown), ``sms`` of the GPU, ``tma``: the device may run the
     TMA-fed families (compute capability >= 9.0, or the interpreter), ``gpu``: a CUDA device
-    (inline-PTX forms, which the Triton interpreter cannot run, are offered only there)."""
+    (inline-PTX forms, which the Triton interpreter cannot run, are offered only there),
+    ``act_bits``: the activations' bits where one op takes both (fused_moe)."""
 
     m: int
     n: int
@@ -41,6 +42,7 @@ class Problem:
     sms: int = 132
     tma: bool = True
     gpu: bool = True
+    act_bits: int | None = None  # fused_moe: 16 (float activations) or 8 (int8); the dense ops leave it unset
 
 
 def _always(problem: Problem) -> tuple[bool, str]:

@@ -1,16 +1,23 @@
-"""Kernel choice for ``fused_moe`` on CUDA: its kernel family, configs by M bucket, and the entry point.
+"""Kernel choice for ``fused_moe`` on CUDA: its kernel families, configs by M bucket, and the entry point.
 
-One family so far, ``grouped`` (ops/moe/grouped_gemm.py): routing, block-aligned sorting
-(ops/moe/align.py), fc1 with the SiLU-and-mul epilogue, per-token int8 quantization of h for
-int8 activations, fc2 with the routing-weight epilogue, the top-k sum. A config sets the
-sorting block ``BLOCK_M`` (shared by both GEMMs) and the tiles of both GEMMs.
+Two families, in registry order (the untuned pick is the first offered config):
 
-Configs by M bucket (the token count; each expert sees about M * top_k / E rows), after the
-tuned fused-MoE tables of vLLM / SGLang for the H200 (shared/reference/kernel_anchors.md):
-decode (M bucket <= 32) BLOCK_M 16 with long K tiles; mid M 32-64 rows; large M 64-128 rows
-with 8 warps. :func:`pick_config` (ops/_autotune.py) keys them by ``(M bucket, E, I, H, top_k,
-weight_bits, act_bits, group_size, dtype)``: a cached or shipped pick, else one measurement of
-the offered configs (the heuristic's first under CUDA-graph capture). No table is shipped yet.
+* ``grouped`` (ops/moe/grouped_gemm.py), every format and M: routing, block-aligned sorting
+  (ops/moe/align.py), fc1 with the SiLU-and-mul epilogue, per-token int8 quantization of h for
+  int8 activations, fc2 with the routing-weight epilogue, the top-k sum. A config sets the
+  sorting block ``BLOCK_M`` (shared by both GEMMs) and the tiles of both GEMMs. Configs by M
+  bucket (each expert sees about M * top_k / E rows), after the tuned fused-MoE tables of vLLM /
+  SGLang for the H200 (shared/reference/kernel_anchors.md): decode (M bucket <= 32) BLOCK_M 16
+  with long K tiles; mid M 32-64 rows; large M 64-128 rows with 8 warps.
+* ``gemv`` (ops/moe/gemv.py), weight-only experts (W8A16, W4A16) at M bucket <= 16: one
+  program per (token, expert) pair and row tile, no sorting. On the H200 it is the pick for 7
+  of the 12 measured weight-only keys of M 1-16 (Mixtral W4A16 M = 1: 158 against 223 us).
+
+:func:`pick_config` (ops/_autotune.py) keys the picks by ``(M bucket, E, I, H, top_k,
+weight_bits, act_bits, group_size, dtype)``: a cached or shipped pick
+(ops/tuned/fused_moe.NVIDIA_H200.json: the Mixtral-8x7B and fine-grained shapes of ``qfuse bench
+moe``, bf16 activations, M 1-4096), else one measurement of the offered configs (the first under
+CUDA-graph capture or ``QFUSE_AUTOTUNE=0``, unless a stored key differs only in E and I).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from torch import Tensor
 
 from .._autotune import m_bucket, pick_config
 from ..kernel_family import KernelFamily, Problem, Registry
+from . import gemv
 from .align import align_block_size
 from .grouped_gemm import moe_gemm, moe_sum
 from .routing import topk_routing
@@ -83,17 +91,17 @@ def _run(cfg, *args):
 
 
 GROUPED = KernelFamily("grouped", "moe/grouped_gemm", _supports, grouped_configs, _run)
-FAMILIES = (GROUPED,)
+FAMILIES = (GROUPED, gemv.FAMILY)
 REGISTRY = Registry(OP, FAMILIES)
 
 
-def problem(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None) -> Problem:
+def problem(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None, act_bits: int = 16) -> Problem:
     """The registry's view of a call: ``m`` tokens, ``n`` = I (fc1's outputs), ``k`` = H."""
-    return Problem(m, i, h, weight_bits, group_size, dtype)
+    return Problem(m, i, h, weight_bits, group_size, dtype, act_bits=act_bits)
 
 
-def candidate_configs(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None) -> list[dict]:
-    return REGISTRY.candidates(problem(m, i, h, weight_bits, group_size, dtype))
+def candidate_configs(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None, act_bits: int = 16) -> list[dict]:
+    return REGISTRY.candidates(problem(m, i, h, weight_bits, group_size, dtype, act_bits))
 
 
 def config_key(m, e, i, h, top_k, weight_bits, act_bits, group_size, dtype) -> tuple:
@@ -125,6 +133,6 @@ def fused_moe_triton(
         group_size,
     )
     key = config_key(m, e, two_i // 2, h, top_k, weight_bits, act_bits, group_size, x.dtype)
-    cands = lambda: REGISTRY.offered(problem(m, two_i // 2, h, weight_bits, group_size, x.dtype))  # noqa: E731 - built only on a cache miss
+    cands = lambda: REGISTRY.offered(problem(m, two_i // 2, h, weight_bits, group_size, x.dtype, act_bits))  # noqa: E731 - built only on a cache miss
     cfg = pick_config(OP, key, cands, lambda c: REGISTRY.run(c, *args), x.device)
     return REGISTRY.run(cfg, *args)

@@ -135,13 +135,13 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _moe_sum_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+def _moe_sum_kernel(y_ptr, out_ptr, H, P, TOP_K: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
     acc = tl.load(y_ptr + m * TOP_K * H + offs, mask=mask, other=0.0)
-    for j in tl.static_range(1, TOP_K):
-        acc += tl.load(y_ptr + (m * TOP_K + j) * H + offs, mask=mask, other=0.0)
+    for i in tl.static_range(1, TOP_K * SPLITS):  # row j of split s: s * P + m * TOP_K + j; j outer, as the reference
+        acc += tl.load(y_ptr + ((i % SPLITS) * P + m * TOP_K + i // SPLITS) * H + offs, mask=mask, other=0.0)
     tl.store(out_ptr + m * H + offs, to_act_dtype(acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
 
 
@@ -179,11 +179,14 @@ def moe_gemm(
 
 
 def moe_sum(y: Tensor, top_k: int, dtype: torch.dtype, block: int = 1024) -> Tensor:
-    """``out[m] = dtype(y[m * top_k] + y[m * top_k + 1] + ...)`` (float32 ``y [M * top_k, H]``, j order)."""
-    h = y.shape[1]
-    m = y.shape[0] // top_k
+    """``out[m] = dtype(y[m * top_k] + y[m * top_k + 1] + ...)`` (float32 ``y [M * top_k, H]``, j order);
+    ``y [S, M * top_k, H]`` (K-split partials): ``sum_j sum_s y[s, m * top_k + j]``, s inner."""
+    splits = y.shape[0] if y.dim() == 3 else 1
+    pairs, h = y.shape[-2:]
+    m = pairs // top_k
     out = torch.empty((m, h), dtype=dtype, device=y.device)
     block = min(block, triton.next_power_of_2(h))
     with device_guard(y):
-        launch(_moe_sum_kernel, (m, triton.cdiv(h, block)), y, out, h, TOP_K=top_k, BLOCK=block, INTERPRET=interpreting(), num_warps=4)
+        launch(_moe_sum_kernel, (m, triton.cdiv(h, block)), y, out, h, pairs,
+               TOP_K=top_k, SPLITS=splits, BLOCK=block, INTERPRET=interpreting(), num_warps=4)  # fmt: skip
     return out

@@ -84,7 +84,7 @@ def explain(
         if not 1 <= top_k <= e:
             raise ValueError(f"--moe: TOP_K must be in [1, E={e}], got {top_k}")
         op, registry = moe_dispatch.OP, moe_dispatch.REGISTRY
-        p = moe_dispatch.problem(m, n, k, s.weight_bits, s.group_size, dtype)
+        p = moe_dispatch.problem(m, n, k, s.weight_bits, s.group_size, dtype, s.act_bits)
         key = moe_dispatch.config_key(m, e, n, k, top_k, s.weight_bits, s.act_bits, s.group_size, dtype)
         offered = registry.offered(p)
     elif s.weight_only:

@@ -140,8 +140,9 @@ def test_entry_point_picks_a_config_and_runs():
 
 @pytest.mark.parametrize("m", [1, 16, 64, 1024, 4096])
 def test_configs_by_m_bucket(m):
-    cands = candidate_configs(m, 14336, 4096, 4, 128, torch.bfloat16)
-    assert cands and all(c["kernel"] == "grouped" for c in cands)
+    every = candidate_configs(m, 14336, 4096, 4, 128, torch.bfloat16)
+    cands = [c for c in every if c["kernel"] == "grouped"]
+    assert cands and {c["kernel"] for c in every} == ({"grouped", "gemv"} if m <= 16 else {"grouped"})
     block_m = {c["BLOCK_M"] for c in cands}
     assert (block_m == {16}) == (m <= 32)
     assert max(block_m) >= (64 if m >= 1024 else 16)
