@@ -11,6 +11,9 @@ and optional row filters (``COL=v1,v2``, ``COL<=v``, ``COL>=v``; numeric) follow
     | ... the table ... |
     <!-- report end -->
 
+The option ``by_case`` (``qfuse bench moe`` CSVs) gives one row per (shape, M) instead of one per
+case: the bf16 MoE's us, then ``x bf16 (% of floor)`` per other case in the CSV's order.
+
 The kind of a CSV is told by its columns: those written by ``qfuse bench gemm`` (W4A16 / W8A16),
 ``int8_gemm`` (W8A8, W4A8), ``norm_quant``, ``decoder``, ``act_order``, ``model``, ``eager`` and ``moe``. Every ratio reads
 as the other time over the op's (``x bf16`` = bf16 us / op us: above 1 the op is faster); where the
@@ -278,12 +281,38 @@ def _keep(row: Row, filters: list[str]) -> bool:
     return True
 
 
+def _moe_by_case(rows: list[Row]) -> list[str]:
+    """One line per (shape, M): experts touched, the bf16 MoE's us, each other case's x bf16 (% of floor)."""
+    cases = list(dict.fromkeys(r["case"] for r in rows if r["case"] != "bf16"))
+    points = {}
+    for r in rows:
+        points.setdefault((r["shape"], r["M"]), {})[r["case"]] = r
+    lines = ["| shape | M | experts touched | bf16 us | " + " | ".join(f"{c} x bf16 (% floor)" for c in cases) + " |"]
+    lines.append("|" + "---|" * (4 + len(cases)))
+    for (shape, m), by in points.items():
+        any_row = next(iter(by.values()))
+        cells = [shape, m, any_row.get("experts_touched", ""), _us("us")(by["bf16"]) if "bf16" in by else ""]
+        for c in cases:
+            r = by.get(c)
+            x = _ratio("bf16_us", "us", "x_bf16")(r) if r else ""
+            cells.append(f"{x} ({_pct('floor_us', 'us', 'pct_of_floor')(r)})" if r and x else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(path: Path, filters: list[str] | None = None) -> str:
-    """The markdown table of one CSV (its rows in file order, filtered)."""
+    """The markdown table of one CSV (its rows in file order, filtered; ``by_case``: see the module)."""
+    filters = list(filters or [])
+    by_case = "by_case" in filters
+    filters = [f for f in filters if f != "by_case"]
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         fields = set(reader.fieldnames or ())
-        rows = [r for r in reader if _keep(r, filters or [])]
+        rows = [r for r in reader if _keep(r, filters)]
+    if by_case:
+        if not {"experts_touched", "loop_us", "floor_us", "case"} <= fields:
+            raise SystemExit(f"qfuse bench report: {path}: by_case needs a qfuse bench moe CSV")
+        return "\n".join(_moe_by_case(rows))
     for needed, columns in KINDS:
         if needed <= fields:
             cols = columns(rows)

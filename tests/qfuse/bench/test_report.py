@@ -121,3 +121,19 @@ def test_runs_as_a_bench_subcommand_without_a_gpu(tmp_path, capsys):
     assert "report" in cli._bench_names()
     assert cli.main(["bench", "report", str(write_csv(tmp_path / "w4.csv", GEMM_ROWS))]) == 0
     assert "| 4096x4096 | 1 |" in capsys.readouterr().out
+
+
+def test_moe_by_case_pivots_one_row_per_shape_and_m(tmp_path):
+    def row(m, case, us, pct=None):
+        return {"shape": "mixtral-8x7b", "M": m, "case": case, "us": us, "x_bf16": "", "x_loop": "", "pct_of_floor": pct or "",
+                "floor_us": 50.0, "bf16_us": 200.0, "loop_us": 250.0, "experts_touched": 2, "config": ""}  # fmt: skip
+
+    path = write_csv(tmp_path / "moe.csv", [row(1, "bf16", 200.0), row(1, "W4A16", 80.0, 62.5), row(1, "W8A8", 100.0), row(16, "bf16", 200.0)])
+    lines = report.table(path, ["by_case"]).splitlines()
+    assert lines[0] == "| shape | M | experts touched | bf16 us | W4A16 x bf16 (% floor) | W8A8 x bf16 (% floor) |"
+    assert lines[2] == "| mixtral-8x7b | 1 | 2 | 200 | 2.50 (62 %) | 2.00 (50 %) |"  # stored pct, else floor / us
+    assert lines[3] == "| mixtral-8x7b | 16 | 2 | 200 |  |  |"
+    assert len(report.table(path, ["by_case", "M=16"]).splitlines()) == 3
+    gemm = write_csv(tmp_path / "gemm.csv", GEMM_ROWS)
+    with pytest.raises(SystemExit, match="by_case needs a qfuse bench moe CSV"):
+        report.table(gemm, ["by_case"])
