@@ -172,8 +172,17 @@ def _torchao_filter(module, name: str) -> bool:
     return isinstance(module, torch.nn.Linear) and not name.endswith("lm_head")
 
 
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes ``t`` holds: a wrapper tensor subclass (torchao's packed int4 / int8 weights) is the sum of
+    its inner tensors (``__tensor_flatten__``), not its logical shape at its logical dtype."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def weight_bytes(model) -> int:
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return sum(tensor_bytes(t) for t in [*model.parameters(), *model.buffers()])
 
 
 class DecodeStep:

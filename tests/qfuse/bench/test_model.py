@@ -70,3 +70,16 @@ def test_mixtral_case_quantizes_the_experts_and_skips_torchao(tmp_path, capsys):
     assert float(rows[1]["weight_gb"]) < float(rows[0]["weight_gb"]) / 2  # the experts are most of the weights
     assert "experts" in rows[2]["error"]
     assert "torchao-int4: skipped on tiny-mixtral" in capsys.readouterr().out
+
+
+def test_weight_bytes_counts_the_inner_tensors_of_a_wrapper_subclass():
+    """torchao's quantized weights are wrapper subclasses: their bytes are their inner tensors', not
+    numel x the logical dtype's size (which counted a torchao int4 model at its bf16 size)."""
+    import torch
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    lin = torch.nn.Linear(8, 4, bias=True)
+    assert bench_model.weight_bytes(lin) == (32 + 4) * 4
+    lin.weight = torch.nn.Parameter(TwoTensor(torch.zeros(4, 8), torch.zeros(4, 8)), requires_grad=False)
+    assert bench_model.tensor_bytes(lin.weight) == 2 * 32 * 4
+    assert bench_model.weight_bytes(lin) == (2 * 32 + 4) * 4
