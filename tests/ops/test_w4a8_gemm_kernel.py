@@ -166,20 +166,22 @@ def test_group_partial_accumulator_exact(m):
 
 
 # GEMV (ops/int8/gemv.py) under the interpreter: the same data movement as on the GPU, with
-# dp4a / prmt spelled in shifts and masks (DP4A_ASM=0). Each case is 1-2 s: few programs.
+# dp4a / prmt spelled in shifts and masks (DP4A_ASM=0). Each case is 1-3 s: few programs.
+# K = 512: 4 tiles of 16 words, 2 per split at split 2; the 4-token tiles (4 dot products per
+# word) take K = 256 (2 tiles): a split of one tile, and a prefetching loop of two.
 @pytest.mark.parametrize(
-    "m,bm,group_size,split,out_dtype,per_token,prefetch",
+    "m,bm,group_size,split,out_dtype,per_token,prefetch,k",
     [
-        (1, 1, -1, 1, torch.bfloat16, True, 0),
-        (1, 1, 128, 2, torch.float16, True, 1),
-        (2, 2, 128, 1, torch.bfloat16, False, 1),
-        (2, 2, -1, 2, torch.float16, True, 0),
-        (7, 4, 128, 2, torch.bfloat16, True, 0),  # two token tiles, the second past M
-        (7, 4, -1, 1, torch.bfloat16, False, 1),
+        (1, 1, -1, 1, torch.bfloat16, True, 0, 512),
+        (1, 1, 128, 2, torch.float16, True, 1, 512),
+        (2, 2, 128, 1, torch.bfloat16, False, 1, 512),
+        (2, 2, -1, 2, torch.float16, True, 0, 512),
+        (7, 4, 128, 2, torch.bfloat16, True, 0, 256),  # two token tiles, the second past M
+        (7, 4, -1, 1, torch.bfloat16, False, 1, 256),
     ],
 )
-def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dtype, per_token, prefetch):
-    args = make_w4a8(m, 40, 512, group_size, per_token=per_token, out_dtype=out_dtype)  # N = 40: a clamped row tile
+def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dtype, per_token, prefetch, k):
+    args = make_w4a8(m, 40, k, group_size, per_token=per_token, out_dtype=out_dtype)  # N = 40: a clamped row tile
     out = run_int8_gemm(*args, out_dtype, w4=True, config=gemv_cfg(bm, 32, 4, split, prefetch))
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, out_dtype))
     fake_quant_check(out, *args, group_size)
@@ -196,10 +198,10 @@ def test_gemv_matches_reference_and_fake_quant(m, bm, group_size, split, out_dty
     ],
 )
 def test_gemv_lane_tiles(m, tile, group_size, split):
-    """The one-lane-per-thread tiles (ops/int8/gemv.py, _LANE_TILES): rows 1-4 a program, N = 37
-    (the last program's rows past N), 512-1024 bytes of a row per tile."""
+    """The one-lane-per-thread tiles (ops/int8/gemv.py, _LANE_TILES): rows 1-4 a program, N = 9
+    (the last program's rows past N: 1 of 2, 3 of 4), 512-1024 bytes of a row per tile."""
     bn, bw, warps = tile
-    args = make_w4a8(m, 37, 2048, group_size)
+    args = make_w4a8(m, 9, 2048, group_size)
     out = run_w4a8_gemv(*args, torch.bfloat16, config=dict(gemv_cfg(2 if m == 2 else 1, bn, bw, split), num_warps=warps))
     assert_bitwise(out, w4a8_gemm_ref(*args, group_size, torch.bfloat16))
 

@@ -113,17 +113,18 @@ def gemv8_cfg(bm, bn, bw, split, prefetch=0):
     }
 
 
-# the dp4a GEMV (ops/int8/gemv8.py) under the interpreter, dp4a spelled in shifts and masks
+# the dp4a GEMV (ops/int8/gemv8.py) under the interpreter, dp4a spelled in shifts and masks;
+# tiles of 8 words (32 k)
 @pytest.mark.parametrize(
-    "m,bm,split,prefetch,per_token,out_dtype",
+    "m,bm,split,prefetch,per_token,out_dtype,k",
     [
-        (1, 1, 1, 0, True, torch.bfloat16),
-        (2, 2, 3, 1, False, torch.float16),  # 384 / 3 = 128 k per split
-        (7, 4, 2, 1, True, torch.bfloat16),  # two token tiles, the second past M
+        (1, 1, 1, 0, True, torch.bfloat16, 384),
+        (2, 2, 3, 1, False, torch.float16, 384),  # 384 / 3 = 128 k per split
+        (7, 4, 2, 1, True, torch.bfloat16, 128),  # two token tiles, the second past M; 2 tiles per split
     ],
 )
-def test_gemv8_matches_reference(m, bm, split, prefetch, per_token, out_dtype):
-    xq, xs, wq, ws, b = make_w8a8(m, 40, 384, per_token=per_token, out_dtype=out_dtype)
+def test_gemv8_matches_reference(m, bm, split, prefetch, per_token, out_dtype, k):
+    xq, xs, wq, ws, b = make_w8a8(m, 40, k, per_token=per_token, out_dtype=out_dtype)
     out = run_int8_gemm(xq, xs, wq, ws, None, b, out_dtype, w4=False, config=gemv8_cfg(bm, 32, 2, split, prefetch))
     assert_bitwise(out, w8a8_gemm_ref(xq, xs, wq, ws, b, out_dtype))
 

@@ -1,6 +1,7 @@
 """quantize_model on tiny random-weight Hugging Face Llama / Qwen2 / Mistral models."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -19,18 +20,57 @@ MAX_REL_ERR = {"W8A16": 0.04, "W8A8": 0.04, "W4A16": 0.33, "W4A16_ASYM": 0.33, "
 MAX_COMPILE_DIFF = 0.03
 
 
-@pytest.fixture(scope="module", params=ARCHS)
-def hf_base(request):
-    model = tiny_hf_model(request.param)
-    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        ref = model(ids, use_cache=False).logits.float()
-    return request.param, model, ids, ref
+@pytest.fixture(scope="module")
+def hf_bases():
+    """arch -> (arch, float model, ids, its logits), each built on first use."""
+
+    @functools.cache
+    def build(arch):
+        model = tiny_hf_model(arch)
+        ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            ref = model(ids, use_cache=False).logits.float()
+        return arch, model, ids, ref
+
+    return build
 
 
-@pytest.mark.parametrize("scheme", list(qfuse.SCHEMES))
-def test_quantize_compile_fullgraph(hf_base, scheme):
-    arch, base, ids, ref = hf_base
+# Every scheme on llama and on qwen2 (whose q/k/v Linears have biases: each scheme's GEMM with
+# bias). Mistral's decoder is llama's with a sliding-window mask (its Linears and norms, what
+# quantize_model swaps and each scheme's ops run in, are the same, without bias): two schemes
+# cover its layout, one weight-only and one quantizing activations; the other four repeat
+# llama's paths and run with ``pytest -m slow``.
+MISTRAL_SCHEMES = ("W4A16", "W8A8")
+COMPILE_CASES = [
+    pytest.param(arch, scheme, marks=() if arch != "mistral" or scheme in MISTRAL_SCHEMES else (pytest.mark.slow,), id=f"{arch}-{scheme}")
+    for arch in ARCHS
+    for scheme in qfuse.SCHEMES
+]
+
+
+def _aot_eager_and_inductor(run_with: dict):
+    """A torch.compile backend that hands the one Dynamo graph to both aot_eager and Inductor (one
+    Dynamo trace of the model instead of two, ~2 s of each case); a call runs the graph through
+    ``run_with["backend"]``: "aot_eager" (the traced graph op by op) or "inductor"."""
+    from torch._dynamo.backends.debugging import aot_eager
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs):
+        compiled = {"aot_eager": aot_eager(gm, example_inputs)}  # first: Inductor's passes may rewrite gm in place
+        compiled["inductor"] = compile_fx(gm, example_inputs)  # what torch.compile's default backend runs
+        run_with["graphs"] = run_with.get("graphs", 0) + 1
+
+        def run(*args):  # Dynamo calls a backend's function as it calls either of these
+            return compiled[run_with["backend"]](*args)
+
+        return run
+
+    return backend
+
+
+@pytest.mark.parametrize(("arch", "scheme"), COMPILE_CASES)
+def test_quantize_compile_fullgraph(hf_bases, arch, scheme):
+    arch, base, ids, ref = hf_bases(arch)
     model = qfuse.quantize_model(copy.deepcopy(base), scheme, progress=False)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, qfuse.QuantLinear)
@@ -43,12 +83,15 @@ def test_quantize_compile_fullgraph(hf_base, scheme):
         eager = model(ids, use_cache=False).logits.float()
         assert rel_err(eager, ref) < MAX_REL_ERR[scheme], f"{arch} {scheme}: {rel_err(eager, ref):.4f}"
         # fullgraph=True raises on any graph break. aot_eager runs the traced graph op by op:
-        # it must reproduce eager exactly.
+        # it must reproduce eager exactly. Inductor compiles the same traced graph.
         torch._dynamo.reset()
-        traced = torch.compile(model, fullgraph=True, backend="aot_eager")(ids, use_cache=False).logits.float()
+        run_with = {"backend": "aot_eager"}
+        compiled_model = torch.compile(model, fullgraph=True, backend=_aot_eager_and_inductor(run_with))
+        traced = compiled_model(ids, use_cache=False).logits.float()
         assert torch.equal(traced, eager)
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits.float()
+        run_with["backend"] = "inductor"
+        compiled = compiled_model(ids, use_cache=False).logits.float()
+        assert run_with["graphs"] == 1  # the second call ran the same compiled graph
         assert rel_err(compiled, eager) < MAX_COMPILE_DIFF, f"{arch} {scheme}: {rel_err(compiled, eager):.4f}"
 
 

@@ -18,13 +18,30 @@ from qfuse.ops.wna16.mma_gemv import mma_gemv_supported, w4a16_mma_gemv
 from tests.ops.test_wna16_gemm_kernel import _in_shard, assert_close_to_ref, make_problem
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("group_size", [-1, 128, 256])
-@pytest.mark.parametrize("m,split_k,row_tiles,warps,steps", [(1, 1, 1, 4, 1), (2, 2, 2, 2, 2), (1, 3, 1, 1, 1), (1, 2, 2, 1, 4)])
+def _interpreter_cases() -> list:
+    """Every (m, split_k, row_tiles, warps, steps) config x group size, each in one activation
+    dtype, alternating over that grid so that every config and every group size runs in both
+    dtypes. The dtype's code (the bf16 / fp16 decode of the activation pairs, the dtype of the
+    scale and bias loads and of the stores) is per element and the same in every config and
+    group: the other dtype of a (config, group) pair adds no path; it runs with ``pytest -m slow``
+    (the full product)."""
+    configs = [(1, 1, 1, 4, 1), (2, 2, 2, 2, 2), (1, 3, 1, 1, 1), (1, 2, 2, 1, 4)]
+    cases = []
+    for i, cfg in enumerate(configs):
+        for j, group_size in enumerate([-1, 128, 256]):
+            for d, (name, dtype) in enumerate([("bf16", torch.bfloat16), ("fp16", torch.float16)]):
+                marks = () if d == (i + j) % 2 else (pytest.mark.slow,)
+                cases.append(pytest.param(dtype, group_size, *cfg, marks=marks, id="-".join(map(str, (name, group_size, *cfg)))))
+    return cases
+
+
+@pytest.mark.parametrize("dtype,group_size,m,split_k,row_tiles,warps,steps", _interpreter_cases())
 def test_mma_gemv_interpreter(dtype, group_size, m, split_k, row_tiles, warps, steps):
-    # N = 72: a partial last row tile (rows past N wrap and are masked); K = 768 = 6 steps of 128
+    # N = one row tile (16 * row_tiles * warps rows) + 8: a partial last row tile (its rows g + 8
+    # past N wrap and are masked; 72 at 64-row tiles); K = 768 = 6 steps of 128
     asym = split_k != 1
-    x, qw, s, z, b = make_problem(m, 72, 768, 4, group_size, dtype, asym=asym, bias=not asym)
+    n = 16 * row_tiles * warps + 8
+    x, qw, s, z, b = make_problem(m, n, 768, 4, group_size, dtype, asym=asym, bias=not asym)
     cfg = {"ROW_TILES": row_tiles, "STEPS": steps, "SPLIT_K": split_k, "num_warps": warps}
     assert_close_to_ref(w4a16_mma_gemv(x, qw, s, z, b, group_size, cfg), x, qw, s, z, b, 4, group_size)
 

@@ -1,5 +1,5 @@
 """Calibration on the real SmolLM2-135M (CI-sized: 4 calibration windows of 256 tokens, 1
-evaluated window of 256): GPTQ beats round to nearest, the kernels' model and the calibration's
+evaluated window of 128): GPTQ beats round to nearest, the kernels' model and the calibration's
 own simulation give the same perplexity, to every digit, and so does the calibrated model saved
 with ``save_quantized`` and reloaded with ``from_pretrained``."""
 
@@ -15,14 +15,15 @@ from qfuse.eval.perplexity import default_text, perplexity, windows_of
 from qfuse.models import cast_float_model
 from qfuse.quantize_model import quantize_with_simulation
 
-WINDOW = 256
+WINDOW = 256  # calibration windows
+EVAL_WINDOW = 128  # the evaluated window: 6 perplexities of it, 3 through the kernels' CPU reference ops (int32 matmuls)
 
 
 @pytest.fixture(scope="module")
 def setup(smollm2):
     model, tok = smollm2
     ids = torch.tensor(tok(default_text(), add_special_tokens=False)["input_ids"])
-    windows = windows_of(ids, WINDOW, 1)
+    windows = windows_of(ids, EVAL_WINDOW, 1)
     data = list(calibration_batches(tok, 4, WINDOW).split(4))
     bf16 = cast_float_model(copy.deepcopy(model), torch.bfloat16)  # RoPE frequencies stay float32, as a reload builds them
     return bf16, windows, data, perplexity(bf16, windows, progress=False).ppl
@@ -48,7 +49,8 @@ def _ppl(setup, scheme, recipe, saved_to=None):
 def test_calibration_beats_round_to_nearest_and_matches_its_simulation(setup, scheme, recipe, max_ratio, tmp_path):
     """Perplexity increase over the bf16 model: calibrated / RTN below ``max_ratio``
     (measured on the CPU with these 4 calibration windows and 1 evaluated window: W4A8_G128 0.42,
-    bf16 ppl 17.17 -> RTN 28.12 -> SmoothQuant + GPTQ 21.72);
+    bf16 ppl 17.61 -> RTN 34.23 -> SmoothQuant + GPTQ 24.65; with a 256-token window 0.42 too:
+    17.17 -> 28.12 -> 21.72);
     ops and simulation print the same."""
     base_ppl = setup[3]
     rtn, rtn_sim = _ppl(setup, scheme, None)
