@@ -62,7 +62,15 @@ def test_compiled_models_generate_uses_a_static_cache_and_the_compile_config():
     assert not hasattr(qfuse.compile(torch.nn.Linear(4, 4)), "generate")
 
 
+NEAR_TIE = 0.25  # two bf16 steps at |logit| 16-32
+
+
 def test_smollm2_generates_the_same_tokens_eager_and_compiled(smollm2):
+    """Greedy tokens, eager against compiled, up to the first step where eager's two best logits lie
+    within NEAR_TIE: Inductor's fused kernels round bf16 differently from eager's ops (by CPU: AMX
+    and AVX-512 machines differ), which may swap a near tie (seen on a Sapphire Rapids core: top-2
+    margins 3.4, 3.8, 6.5, 2.5, 3.1, 3.6, 0.125, 0.375 at logits ~20, where a bf16 step is 0.125;
+    the 8th token then came out 'with' eager and 'which' compiled)."""
     float_model, tok = smollm2
     model = qfuse.models.cast_float_model(copy.deepcopy(float_model), torch.bfloat16)
     qfuse.quantize_model(model, "W4A8_G128", progress=False)
@@ -70,11 +78,16 @@ def test_smollm2_generates_the_same_tokens_eager_and_compiled(smollm2):
     ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
     kwargs = dict(max_new_tokens=8, do_sample=False)
     with torch.inference_mode(), torch._inductor.config.patch(force_disable_caches=True):  # a cached graph runs no pass
-        eager = model.generate(ids, cache_implementation="static", **kwargs)
+        eager = model.generate(ids, cache_implementation="static", output_logits=True, return_dict_in_generate=True, **kwargs)
         reset_counters()
         compiled = qfuse.compile(model).generate(ids, **kwargs)
     assert hasattr(model, "_compiled_call")  # transformers ran the decode steps through the compiled forward
     assert counters["add_rms_norm_quant"] > 0 and counters["silu_and_mul_quant"] > 0  # with the passes
-    new = eager[0, ids.shape[1] :]
+    new = eager.sequences[0, ids.shape[1] :]
     assert len(new) == 8 and "Paris" in tok.decode(new)
-    assert torch.equal(compiled, eager), (tok.decode(new), tok.decode(compiled[0, ids.shape[1] :]))
+    top2 = [logits[0].float().topk(2).values for logits in eager.logits]
+    tied = [i for i, v in enumerate(top2) if v[0] - v[1] < NEAR_TIE]
+    same = tied[0] if tied else len(new)  # the tokens before the first near tie
+    assert same >= 5, f"eager's logits nearly tie at step {same}: the test prompt no longer tells anything"
+    got = compiled[0, ids.shape[1] :]
+    assert torch.equal(got[:same], new[:same]), (tok.decode(new), tok.decode(got))
