@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .checkpoint_moe import float_experts, load_experts, moe_sites, renamer, split_experts
+from .eager_graphs import graph_blocks
 from .formats import CheckpointError, open_checkpoint, quantization_config
 from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
 from .formats.compressed_tensors import NAME as CT_NAME
@@ -214,6 +215,7 @@ def load_quantized(
     for name, mod in list(model.named_modules()):
         if name and is_convertible_rmsnorm(mod):
             model.set_submodule(name, RMSNorm.from_module(mod))
+    graph_blocks(model)  # as quantize_model: eager MLP calls replayed as CUDA graphs
     return model.eval()
 
 

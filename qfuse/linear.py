@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from .eager_graphs import graphs_of, replayable
 from .ops.w4a8_gemm import dequantize_w4a8
 from .ops.wna16_gemm import dequantize_wna16
 from .quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
@@ -28,6 +29,10 @@ class QuantLinear(nn.Module):
     sorted by scale group (a GPTQ act-order checkpoint, whose ``g_idx`` is not monotonic), so
     each call gathers ``x[..., act_perm]`` first (one small kernel, fused by Inductor under
     ``torch.compile``); the weight itself is never repacked per call.
+
+    Called eagerly on CUDA at decode sizes, the forward is replayed as a CUDA graph from the
+    second call of an input shape on (qfuse/eager_graphs.py: the same kernels, a fraction of
+    the host time).
     """
 
     def __init__(
@@ -67,6 +72,11 @@ class QuantLinear(nn.Module):
         return cls(k, n, scheme, tensors, bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        if replayable(x):
+            return graphs_of(self)(self._forward, tuple(self._buffers.values()), x)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.act_perm is not None:

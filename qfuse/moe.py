@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
+from .eager_graphs import graphs_of, replayable
 from .linear import QuantLinear
 from .ops.moe.fused_moe import GROUP_SIZES
 from .ops.w4a8_gemm import dequantize_w4a8
@@ -322,6 +323,11 @@ class QuantMoE(nn.Module):
         return cls(block.gate, experts, getattr(block, "shared_expert", None), getattr(block, "shared_expert_gate", None), block_type)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
+        if replayable(hidden_states):  # eager CUDA calls at decode sizes: a CUDA-graph replay (qfuse/eager_graphs.py)
+            return graphs_of(self)(self._forward, (*self.parameters(), *self.buffers()), hidden_states)
+        return self._forward(hidden_states)
+
+    def _forward(self, hidden_states: Tensor) -> Tensor:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         router_logits = F.linear(x, self.gate.weight)

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from . import ops  # noqa: F401
+from .eager_graphs import graphs_of, replayable
 
 # Classes with exactly LlamaRMSNorm's math (weight * normalize(x).to(dtype)).
 # Gemma's RMSNorm (x * (1 + weight)) is deliberately absent.
@@ -34,6 +35,11 @@ class RMSNorm(nn.Module):
         raise TypeError(f"cannot convert {type(module).__name__} to qfuse RMSNorm")
 
     def forward(self, x: Tensor) -> Tensor:
+        if replayable(x):  # eager CUDA calls at decode sizes: a CUDA-graph replay (qfuse/eager_graphs.py)
+            return graphs_of(self)(self._forward, (self.weight,), x)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return torch.ops.qfuse.rms_norm(x, weight, float(eps))

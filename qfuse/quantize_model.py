@@ -17,6 +17,7 @@ from .calibration.fake_quant import FakeQuantLinear, fake_quant_linear
 from .calibration.grid import WeightGrid
 from .calibration.pipeline import LayerCalibrator
 from .calibration.recipe import check_recipe, parse_recipe
+from .eager_graphs import graph_blocks
 from .linear import QuantLinear, check_quantizable
 from .moe import QuantMoE, sparse_moe_blocks
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
@@ -217,6 +218,7 @@ def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.
             # no parent to swap it into, the new module is the result.
             return new
         model.set_submodule(name, new)
+    graph_blocks(model)  # eager decode calls of each MLP block: one CUDA-graph replay (qfuse/eager_graphs.py)
     return model
 
 

@@ -4,7 +4,9 @@ A model called without ``torch.compile`` (``model.generate``, a notebook) waits 
 every op: at decode M the GPU finishes a qfuse GEMM in 5-40 us, so the call's host time sets
 the pace. Per Llama-3-8B projection shape as Hugging Face models hold them (q / o 4096 x 4096,
 k / v 1024 x 4096, gate / up 14336 x 4096, down 4096 x 14336) and M in ``--m``, this times
-``QuantLinear.forward`` for each scheme, ``nn.Linear`` in bf16, and the standalone ops:
+``QuantLinear.forward`` for each scheme (a CUDA-graph replay after the warm-up, where the tree has
+qfuse/eager_graphs.py; ``<scheme> plain``: the plain op calls it replays), ``nn.Linear`` in bf16,
+the standalone ops and the ``qfuse.RMSNorm`` module:
 
 * ``host_us``: Python time per call, ``n`` calls back to back without a synchronization
   (the GPU queue never fills at n = 200), divided by n;
@@ -92,11 +94,15 @@ def rows_for(ms: list[int], schemes: list[str], shapes: list[str], tree: str) ->
                 record(f"nn.Linear/{label}", m, n, k, lambda: linear(x))
                 for s, q in quant.items():
                     record(f"{s}/{label}", m, n, k, lambda q=q: q(x))
+                    if hasattr(q, "_forward"):  # the plain calls a CUDA-graph replay stands in for (qfuse/eager_graphs.py)
+                        record(f"{s} plain/{label}", m, n, k, lambda q=q: q._forward(x))
         for m in ms:
             h = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
             w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
             record("quant_per_token_int8", m, 4096, 0, lambda: torch.ops.qfuse.quant_per_token_int8(h))
             record("rms_norm", m, 4096, 0, lambda: torch.ops.qfuse.rms_norm(h, w, 1e-5))
+            norm = qfuse.RMSNorm(w, 1e-5)
+            record("qfuse.RMSNorm", m, 4096, 0, lambda: norm(h))
             record("torch rms_norm", m, 4096, 0, lambda: torch.nn.functional.rms_norm(h, (4096,), w, 1e-5))
     return rows
 

@@ -219,7 +219,9 @@ def compile_step(step, case: str):
 
 
 def time_eager(fn, args, steps: int) -> float:
-    """Median ms of ``fn(*args)`` called from Python, synchronized after each call."""
+    """Median ms of ``fn(*args)`` called from Python, synchronized after each call (after two
+    calls: qfuse's modules capture their eager CUDA graphs in the second, qfuse/eager_graphs.py)."""
+    fn(*args)
     fn(*args)
     _sync(args[0].device)
     times = []
@@ -316,6 +318,55 @@ def run_case(case: str, args, log=print) -> list[dict]:
     return rows
 
 
+def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
+    """Eager rows only, every case's model built first and their steps timed in turns: round r
+    times ``--steps`` steps of each (case, batch) in order, and a row's ms is the median over all
+    its rounds' steps. The H200 machine's host runs 20-50 % faster or slower from one minute to the
+    next, which a case-after-case run reads as a difference between cases."""
+    device = args.device
+    config = model_config(args.model, args.layers)
+    models = {case: build_model(config, case, device) for case in cases}
+    vocab = config.vocab_size
+    times: dict[tuple, list[float]] = {}
+    with torch.inference_mode():
+        steps = {}
+        for case in cases:
+            for batch in args.eager_batches:
+                step = DecodeStep(models[case], args.context + 8)
+                ids = torch.randint(0, vocab, (batch, 1), device=device)
+                pos = torch.tensor([args.context], device=device)
+                for _ in range(2):  # the second call captures qfuse's eager graphs
+                    step(ids, pos)
+                steps[(case, batch)] = (step, ids, pos)
+        for r in range(args.rounds):
+            for key, (step, ids, pos) in steps.items():
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    step(ids, pos)
+                    _sync(ids.device)
+                    times.setdefault(key, []).append((time.perf_counter() - t0) * 1e3)
+            log(f"[model] eager round {r + 1} of {args.rounds} done")
+    rows = []
+    for (case, batch), ts in times.items():
+        ms = statistics.median(ts)
+        rows.append(
+            {
+                "model": args.model,
+                "layers": config.num_hidden_layers,
+                "case": case,
+                "weight_gb": round(weight_bytes(models[case]) / 1e9, 6),
+                "mode": "eager",
+                "batch": batch,
+                "tokens": 1,
+                "ms": round(ms, 4),
+                "tokens_per_s": round(batch / ms * 1e3, 1),
+                "peak_gb": "",
+            }
+        )
+        log(f"[model] {case} eager batch {batch}: {ms:.3f} ms (median of {len(ts)} steps in {args.rounds} rounds)")
+    return rows
+
+
 def add_ratios(rows: list[dict]) -> None:
     """``x_bf16``: bf16's ms over the row's ms, for the same mode, batch and tokens."""
     bf16 = {(r["mode"], r["batch"], r["tokens"]): r["ms"] for r in rows if r["case"] == "bf16"}
@@ -359,6 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="eager steps timed")
     ap.add_argument("--replays", type=int, default=20, help="CUDA-graph replays timed")
     ap.add_argument("--no-compile", action="store_true", help="eager rows only")
+    ap.add_argument("--interleave", action="store_true", help="eager rows only, the cases' models all built first and timed in turns (--rounds)")
+    ap.add_argument("--rounds", type=int, default=5, help="--interleave: rounds of --steps steps per case and batch")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny model
     ap.add_argument("--out", type=Path, default=Path("bench_model"))
     args = ap.parse_args(argv)
@@ -366,6 +419,12 @@ def main(argv=None) -> int:
         require_cuda("model")
     rows: list[dict] = []
     config = model_config(args.model, args.layers)
+    if args.interleave:
+        rows = run_eager_interleaved([c for c in args.cases if not skip_reason(config, c)], args)
+        add_ratios(rows)
+        write_csv(rows, args.out / "model.csv")
+        plot(rows, args.out / "model.png")
+        return 0
     for case in args.cases:
         if reason := skip_reason(config, case):
             print(f"[model] {case}: skipped on {args.model}: {reason}", flush=True)
