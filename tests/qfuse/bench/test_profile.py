@@ -11,7 +11,10 @@ from qfuse.bench.profile import category
         ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norm (Inductor)"),
         ("triton_poi_fused_cat_cos_mul_neg_sin_1", "rope (Inductor)"),
         # the H200 run's repeat_kv kernel: 89 us a layer at batch 16, context 1024
-        ("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_arange_cat_clone_cos_expand_le_", "attention inputs (Inductor)"),
+        (
+            "triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_arange_cat_clone_cos_expand_le_",
+            "attention inputs (Inductor)",
+        ),
         ("triton_poi_fused_index_put_2", "kv cache write (Inductor)"),
         ("triton_poi_fused_scatter_3", "kv cache write (Inductor)"),  # "scatter" holds "cat": not rope
         ("triton_poi_fused_add_3", "residual add (Inductor)"),
