@@ -320,7 +320,7 @@ def run_case(case: str, args, log=print) -> list[dict]:
 
 def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
     """Eager rows only, every case's model built first and their steps timed in turns: round r
-    times ``--steps`` steps of each (case, batch) in order, and a row's ms is the median over all
+    times ``--steps`` steps of each (case, batch), in an order rotated by r, and a row's ms is the median over all
     its rounds' steps. The H200 machine's host runs 20-50 % faster or slower from one minute to the
     next, which a case-after-case run reads as a difference between cases."""
     device = args.device
@@ -338,8 +338,10 @@ def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
                 for _ in range(2):  # the second call captures qfuse's eager graphs
                     step(ids, pos)
                 steps[(case, batch)] = (step, ids, pos)
+        order = list(steps)
         for r in range(args.rounds):
-            for key, (step, ids, pos) in steps.items():
+            for key in order[r % len(order) :] + order[: r % len(order)]:  # each round starts one case later: no case is always last
+                step, ids, pos = steps[key]
                 for _ in range(args.steps):
                     t0 = time.perf_counter()
                     step(ids, pos)

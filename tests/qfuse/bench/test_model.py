@@ -83,3 +83,13 @@ def test_weight_bytes_counts_the_inner_tensors_of_a_wrapper_subclass():
     lin.weight = torch.nn.Parameter(TwoTensor(torch.zeros(4, 8), torch.zeros(4, 8)), requires_grad=False)
     assert bench_model.tensor_bytes(lin.weight) == 2 * 32 * 4
     assert bench_model.weight_bytes(lin) == (2 * 32 + 4) * 4
+
+
+def test_interleaved_eager_rows(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--model", "tiny", "--device", "cpu", "--cases", "bf16", "W4A16", "--eager-batches", "1", "2", "--interleave"]
+    assert bench_model.main(argv + ["--rounds", "2", "--steps", "1", "--context", "16", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["case"], r["mode"], r["batch"]) for r in rows] == [(c, "eager", b) for c in ("bf16", "W4A16") for b in ("1", "2")]
+    assert all(float(r["ms"]) > 0 for r in rows) and {r["x_bf16"] for r in rows if r["case"] == "bf16"} == {"1.0"}
+    assert (out / "model.png").stat().st_size > 0
