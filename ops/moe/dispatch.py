@@ -1,6 +1,6 @@
 """Kernel choice for ``fused_moe`` on CUDA: its kernel families, configs by M bucket, and the entry point.
 
-Two families, in registry order (the untuned pick is the first offered config):
+Three families, in registry order (the untuned pick is the first offered config):
 
 * ``grouped`` (ops/moe/grouped_gemm.py), every format and M: routing, block-aligned sorting
   (ops/moe/align.py), fc1 with the SiLU-and-mul epilogue, per-token int8 quantization of h for
@@ -12,6 +12,8 @@ Two families, in registry order (the untuned pick is the first offered config):
 * ``gemv`` (ops/moe/gemv.py), weight-only experts (W8A16, W4A16) at M bucket <= 16: one
   program per (token, expert) pair and row tile, no sorting. On the H200 it is the pick for 7
   of the 12 measured weight-only keys of M 1-16 (Mixtral W4A16 M = 1: 158 against 223 us).
+* ``gemv_words`` (ops/moe/gemv_words.py, opt-in): the dense op's int32-word GEMV over the same
+  pairs, for the 4-bit experts whose byte-wise unpacking limits ``gemv``.
 
 :func:`pick_config` (ops/_autotune.py) keys the picks by ``(M bucket, E, I, H, top_k,
 weight_bits, act_bits, group_size, dtype)``: a cached or shipped pick
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from .._autotune import m_bucket, pick_config
 from ..kernel_family import KernelFamily, Problem, Registry
-from . import gemv
+from . import gemv, gemv_words
 from .align import align_block_size
 from .grouped_gemm import moe_gemm, moe_sum
 from .routing import topk_routing
@@ -91,7 +93,7 @@ def _run(cfg, *args):
 
 
 GROUPED = KernelFamily("grouped", "moe/grouped_gemm", _supports, grouped_configs, _run)
-FAMILIES = (GROUPED, gemv.FAMILY)
+FAMILIES = (GROUPED, gemv.FAMILY, gemv_words.FAMILY)
 REGISTRY = Registry(OP, FAMILIES)
 
 

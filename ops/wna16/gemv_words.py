@@ -89,7 +89,7 @@ from .._exact_triton import bf16_rne_f32
 from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
-from .common import cdiv, output_buffers, store_row
+from .common import cdiv, output_buffers, split_workspace, store_row
 
 
 def _word_dot_ptx(words: int) -> str:
@@ -221,11 +221,11 @@ def _halves(t):
 # activation pairs are loaded per word column, not per code (see the kernel's comment).
 @triton.jit(do_not_specialize=["KW", "W_PER_SPLIT"])
 def _wna16_gemv_words_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, experts_ptr,
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, EXPERTS: tl.constexpr = False, ROW_DIV: tl.constexpr = 1,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
     CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
@@ -235,9 +235,16 @@ def _wna16_gemv_words_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
+    x_m = m
+    if EXPERTS:  # fused_moe (ops/moe/gemv_words.py): output row m is a (token, expert) pair
+        e = tl.load(experts_ptr + m).to(tl.int64)
+        qw_ptr += e * N * KW
+        s_ptr += e * N * G
+        z_ptr += e * N * G
+        x_m = m // ROW_DIV
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = offs_n % N  # rows past N recompute row rn; their results are masked at the store
-    x_row = x_ptr + m * (KW * CPW)
+    x_row = x_ptr + x_m * (KW * CPW)
     w_start = pid_k * W_PER_SPLIT
     row = rn * KW
     if VEC > 1:
@@ -276,7 +283,7 @@ def _wna16_gemv_words_kernel(
             negz = ((tl.load(z_ptr + rn * G).to(tl.uint32) + 0xC300) * 0x10001)[:, None, None]
         else:
             negz = tl.full((BLOCK_N, 1, 1), 0xC308C308, tl.uint32)
-        xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
+        xw_row = x_ptr.to(tl.pointer_type(tl.uint32)) + x_m * (KW * 4)  # activation pairs (x[2i], x[2i + 1])
     acc = tl.zeros((BLOCK_N, NG, WPG // max(HFMA2, 1)), dtype=tl.float32)  # HFMA2 = 2: one entry per word pair
     for it in range(0, W_PER_SPLIT // BLOCK_W):
         w0 = w_start + it * BLOCK_W
@@ -357,13 +364,20 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
 
 
 def wna16_gemv_words(
-    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict
-) -> Tensor:
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict,
+    experts: Tensor | None = None, row_div: int = 1, out_dtype: torch.dtype | None = None,
+) -> Tensor:  # fmt: skip
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
-    word's products summed in bf16x2 lanes)} (arguments already checked)."""
+    word's products summed in bf16x2 lanes)} (arguments already checked).
+
+    ``experts`` (int32 ``[P]``, fused_moe's pairs): ``qweight [E, N, K * bits / 8]``, ``scales``
+    and ``zeros`` ``[E, N, G]``; output row p is ``x[p // row_div] @ w_hat[experts[p]].T``.
+    ``out_dtype``: the output's dtype (default x's)."""
     m, k = x.shape
-    n = qweight.shape[0]
+    n = qweight.shape[-2]
+    if experts is not None:
+        m = experts.numel()
     cpw = 32 // bits
     kw = k // cpw
     if bits not in (4, 8) or k % cpw:
@@ -385,13 +399,18 @@ def wna16_gemv_words(
     if hfma2 == 2 and wpg % 2:  # word pairs need an even count
         hfma2 = 1
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
-    out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
+    if experts is None and out_dtype in (None, x.dtype):
+        out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
+    else:
+        out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+        ws, counts = split_workspace(out, n, split_k, grid[0] * m) if split_k > 1 else (out, out)
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     launch(_wna16_gemv_words_kernel, grid,
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
-        m, n, kw, scales.shape[1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
+        experts if experts is not None else words, m, n, kw, scales.shape[-1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda,
+        EXPERTS=experts is not None, ROW_DIV=row_div, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out
 

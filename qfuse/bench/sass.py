@@ -50,6 +50,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             "x_ptr": ptrs["x_ptr"],
             "qw_ptr": "*i32",
             **{k: v for k, v in ptrs.items() if k != "x_ptr"},
+            "experts_ptr": "*i32",  # the dense launch passes the words (fused_moe: the pairs' experts)
             "M": "i32",
             "N": "i32",
             "KW": "i32",
@@ -69,6 +70,8 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             VEC=cfg.get("VEC", 4 if (bits == 8 or cfg.get("HFMA2")) and cfg["BLOCK_W"] % 4 == 0 else 1),
             HFMA2=int(cfg.get("HFMA2", 0)),
             ASM=True,
+            EXPERTS=False,
+            ROW_DIV=1,
         )
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
     if kernel == "mma_gemv":

@@ -142,7 +142,7 @@ def test_entry_point_picks_a_config_and_runs():
 def test_configs_by_m_bucket(m):
     every = candidate_configs(m, 14336, 4096, 4, 128, torch.bfloat16)
     cands = [c for c in every if c["kernel"] == "grouped"]
-    assert cands and {c["kernel"] for c in every} == ({"grouped", "gemv"} if m <= 16 else {"grouped"})
+    assert cands and {c["kernel"] for c in every} == ({"grouped", "gemv", "gemv_words"} if m <= 16 else {"grouped"})  # gemv_words: opt-in
     block_m = {c["BLOCK_M"] for c in cands}
     assert (block_m == {16}) == (m <= 32)
     assert max(block_m) >= (64 if m >= 1024 else 16)
