@@ -17,7 +17,7 @@ most ``QFUSE_EAGER_GRAPH_ROWS`` rows (default 64: decode batches; a prefill's ma
 GPU-bound anyway, and each new length would be a capture). ``QFUSE_EAGER_GRAPHS=0`` turns it
 off.
 
-A graph is kept per (input shapes, strides, dtypes, device, stream, inference mode) and per
+A graph is kept per (input shapes, strides, dtypes, device, stream, inference mode, autocast) and per
 the data pointers of the module's own tensors: a module moved or given new tensors captures
 again (its old graphs are dropped); in-place updates of its tensors are read by the replay,
 which reads the same memory. At most ``MAX_GRAPHS`` input shapes per module. Memory: a graph
@@ -170,6 +170,7 @@ class EagerGraphs:
             device.index,
             stream,
             torch.is_inference_mode_enabled(),
+            torch.is_autocast_enabled("cuda"),  # a graph replays the kernels autocast chose at its capture
         )
         entry = self._graphs.get(key)
         if entry is not None:
