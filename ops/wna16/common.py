@@ -181,13 +181,16 @@ def split_counters(device: torch.device, tiles: int) -> Tensor:
     return zeroed_int32(device, tiles)
 
 
-def output_buffers(x: Tensor, n: int, split_k: int, tiles: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``out [M, N]`` in x's dtype, the float32 split-K workspace ``[SPLIT_K, M, N]`` and the
-    ``tiles`` arrival counters (``out`` stands in for both when SPLIT_K == 1: never touched)."""
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+def output_buffers(
+    x: Tensor, n: int, split_k: int, tiles: int, rows: int | None = None, dtype: torch.dtype | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``out [M, N]`` (M = ``rows``, default x's; ``dtype``, default x's), the float32 split-K
+    workspace ``[SPLIT_K, M, N]`` and the ``tiles`` arrival counters (``out`` stands in for both
+    when SPLIT_K == 1: never touched)."""
+    out = torch.empty((x.shape[0] if rows is None else rows, n), dtype=dtype or x.dtype, device=x.device)
     if split_k == 1:
         return out, out, out
-    return out, *split_workspace(x, n, split_k, tiles)
+    return out, *split_workspace(out, n, split_k, tiles)
 
 
 def split_workspace(x: Tensor, n: int, split_k: int, tiles: int) -> tuple[Tensor, Tensor]:

@@ -89,7 +89,7 @@ from .._exact_triton import bf16_rne_f32
 from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
-from .common import cdiv, output_buffers, split_workspace, store_row
+from .common import cdiv, output_buffers, store_row
 
 
 def _word_dot_ptx(words: int) -> str:
@@ -399,11 +399,7 @@ def wna16_gemv_words(
     if hfma2 == 2 and wpg % 2:  # word pairs need an even count
         hfma2 = 1
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
-    if experts is None and out_dtype in (None, x.dtype):
-        out, ws, counts = output_buffers(x, n, split_k, grid[0] * m)
-    else:
-        out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-        ws, counts = split_workspace(out, n, split_k, grid[0] * m) if split_k > 1 else (out, out)
+    out, ws, counts = output_buffers(x, n, split_k, grid[0] * m, m, out_dtype)
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     launch(_wna16_gemv_words_kernel, grid,
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,
