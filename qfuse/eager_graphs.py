@@ -68,6 +68,11 @@ def replayable(x: Tensor) -> bool:
     )
 
 
+def own_tensors(module: torch.nn.Module) -> tuple:
+    """Every parameter and buffer of ``module`` and its children: what a graph of its forward reads."""
+    return (*module.parameters(), *module.buffers())
+
+
 def graphs_of(module: torch.nn.Module) -> "EagerGraphs":
     """``module``'s :class:`EagerGraphs`, made on first use (a plain attribute: not in
     ``state_dict``; a module built without ``__init__``, e.g. by a loader, gets one too)."""
@@ -96,7 +101,7 @@ class _GraphedForward:
         plain = type(m).forward
         if args or kwargs or not replayable(x):
             return plain(m, x, *args, **kwargs)
-        return graphs_of(m)(functools.partial(plain, m), (*m.parameters(), *m.buffers()), x)
+        return graphs_of(m)(functools.partial(plain, m), own_tensors(m), x)
 
     def __deepcopy__(self, memo) -> "_GraphedForward":
         return _GraphedForward(copy.deepcopy(self.module, memo))  # the copy of the block (in memo)
@@ -130,15 +135,23 @@ def _pool_with_keeper(device: torch.device, side: torch.cuda.Stream, stream: tor
     pool = torch.cuda.graph_pool_handle()
     keeper = torch.cuda.CUDAGraph()
     scratch = torch.zeros(1, device=device)
+    _capture_into(keeper, pool, side, stream, lambda: scratch.add_(1))
+    return pool, keeper, scratch
+
+
+def _capture_into(graph: torch.cuda.CUDAGraph, pool, side: torch.cuda.Stream, stream: torch.cuda.Stream, fn):
+    """``fn()`` captured into ``graph`` (memory from ``pool``) on the ``side`` stream, ordered after
+    and before ``stream``'s work; returns what ``fn`` returned (its tensors live in the pool)."""
     side.wait_stream(stream)
     with torch.cuda.stream(side):
-        keeper.capture_begin(pool=pool, capture_error_mode="thread_local")
+        # thread_local: another thread's CUDA calls during this capture do not invalidate it
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
-            scratch.add_(1)
+            out = fn()
         finally:
-            keeper.capture_end()
+            graph.capture_end()
     stream.wait_stream(side)
-    return pool, keeper, scratch
+    return out
 
 
 class _Graph:
@@ -183,7 +196,6 @@ class EagerGraphs:
             return fn(*inputs)
         if len(self._graphs) >= MAX_GRAPHS:
             self.clear()
-            self._weights = sig
         if _failed:
             return fn(*inputs)
         try:
@@ -215,22 +227,14 @@ class EagerGraphs:
         for dst, src in zip(static, inputs):
             dst.copy_(src)
         graph = torch.cuda.CUDAGraph()
-        side.wait_stream(stream)
-        with torch.cuda.stream(side):
-            # thread_local: another thread's CUDA calls during this capture do not invalidate it
-            graph.capture_begin(pool=pool[0], capture_error_mode="thread_local")
-            try:
-                output = fn(*static)
-            finally:
-                graph.capture_end()
-        stream.wait_stream(side)
+        output = _capture_into(graph, pool[0], side, stream, lambda: fn(*static))
         graph.replay()  # the capture recorded the kernels without running them
         return _Graph(graph, static, output)
 
     def clear(self) -> None:
+        """Drop every graph and every shape seen (the weights' signature stays what it is)."""
         self._graphs.clear()
         self._seen.clear()
-        self._weights = ()
 
     def __len__(self) -> int:
         return len(self._graphs)

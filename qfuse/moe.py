@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
-from .eager_graphs import graphs_of, replayable
+from .eager_graphs import graphs_of, own_tensors, replayable
 from .linear import QuantLinear
 from .ops.moe.fused_moe import GROUP_SIZES
 from .ops.w4a8_gemm import dequantize_w4a8
@@ -324,7 +324,7 @@ class QuantMoE(nn.Module):
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         if replayable(hidden_states):  # eager CUDA calls at decode sizes: a CUDA-graph replay (qfuse/eager_graphs.py)
-            return graphs_of(self)(self._forward, (*self.parameters(), *self.buffers()), hidden_states)
+            return graphs_of(self)(self._forward, own_tensors(self), hidden_states)
         return self._forward(hidden_states)
 
     def _forward(self, hidden_states: Tensor) -> Tensor:
