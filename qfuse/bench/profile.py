@@ -12,7 +12,8 @@ once). Per case and batch, under ``torch.profiler``:
   replay of the step, ``kernel_us`` the sum of its kernels (the rest are gaps between them).
 * ``eager``: the step called from Python: each GPU kernel likewise, and each operator's host
   (CPU) time per step (``eager_ops.csv``: what ``model.generate`` without compile waits on), and
-  a ``cProfile`` of one step (``cprofile_<case>_b<batch>.txt``, the Python functions by own time).
+  a ``cProfile`` of one step (``cprofile_<case>_b<batch>.txt``, the Python functions by own time);
+  ``step_ms`` is the median synchronized step (``qfuse bench model``'s eager timing).
 
 Writes ``profile.csv`` (case, mode, batch, category: kernels and us per step),
 ``kernels.csv`` (each kernel), ``eager_ops.csv``, ``steps.csv`` and ``profile.png`` (stacked
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ._device import require_cuda
-from .model import MODELS, QFUSE_CASES, DecodeStep, build_model, compile_step, model_config, time_captured
+from .model import MODELS, QFUSE_CASES, DecodeStep, build_model, compile_step, model_config, time_captured, time_eager
 from .timing import write_csv
 
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses")
@@ -88,7 +89,7 @@ def category(kernel: str) -> str:
 
 def _kernel_times(prof, steps: int) -> dict[str, tuple[int, float]]:
     """kernel name -> (calls per step, us per step) of the GPU kernels ``prof`` recorded."""
-    out: dict[str, list[float]] = {}
+    out: dict[str, tuple[int, float]] = {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -164,18 +165,14 @@ def profile_case(case: str, args, out: Path, log=print) -> tuple[list[dict], lis
                 prof = profile_calls(fn, (ids, pos), args.steps, cpu=mode == "eager")
                 times = _kernel_times(prof, args.steps)
                 if mode == "eager":
-                    t0 = time.perf_counter()
-                    for _ in range(args.steps):
-                        fn(ids, pos)
-                        torch.cuda.synchronize()
-                    step_ms = (time.perf_counter() - t0) / args.steps * 1e3
+                    step_ms = time_eager(fn, (ids, pos), args.steps)
                     for r in _host_ops(prof, args.steps):
                         host.append({"case": case, "batch": batch, **r})
                     (out / f"cprofile_{case.replace(':', '_')}_b{batch}.txt").write_text(cprofile_text(fn, (ids, pos)))
                 else:
                     step_ms = time_captured(fn, (ids, pos), args.replays)
                 base = {"case": case, "mode": mode, "batch": batch}
-                by_cat: dict[str, list] = {}
+                by_cat: dict[str, tuple[int, float]] = {}
                 for name, (calls, us) in times.items():
                     c = category(name)
                     kernels.append({**base, "category": c, "kernel": name[:160], "calls": calls, "us": round(us, 2)})
