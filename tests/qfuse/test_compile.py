@@ -62,7 +62,7 @@ def test_compiled_models_generate_uses_a_static_cache_and_the_compile_config():
     assert not hasattr(qfuse.compile(torch.nn.Linear(4, 4)), "generate")
 
 
-NEAR_TIE = 0.25  # two bf16 steps at |logit| 16-32
+NEAR_TIE = 1.0  # eight bf16 steps at |logit| 16-32
 
 
 def test_smollm2_generates_the_same_tokens_eager_and_compiled(smollm2):
@@ -70,7 +70,9 @@ def test_smollm2_generates_the_same_tokens_eager_and_compiled(smollm2):
     within NEAR_TIE: Inductor's fused kernels round bf16 differently from eager's ops (by CPU: AMX
     and AVX-512 machines differ), which may swap a near tie (seen on a Sapphire Rapids core: top-2
     margins 3.4, 3.8, 6.5, 2.5, 3.1, 3.6, 0.125, 0.375 at logits ~20, where a bf16 step is 0.125;
-    the 8th token then came out 'with' eager and 'which' compiled)."""
+    the 8th token then came out 'with' eager and 'which' compiled; in another run of the whole suite
+    eager said 'which' and compiled 'France' with no step under a margin of 0.25 before it: from the
+    first step on, the two KV caches differ by such roundings, so the margins drift apart too)."""
     float_model, tok = smollm2
     model = qfuse.models.cast_float_model(copy.deepcopy(float_model), torch.bfloat16)
     qfuse.quantize_model(model, "W4A8_G128", progress=False)
@@ -90,4 +92,5 @@ def test_smollm2_generates_the_same_tokens_eager_and_compiled(smollm2):
     same = tied[0] if tied else len(new)  # the tokens before the first near tie
     assert same >= 5, f"eager's logits nearly tie at step {same}: the test prompt no longer tells anything"
     got = compiled[0, ids.shape[1] :]
-    assert torch.equal(got[:same], new[:same]), (tok.decode(new), tok.decode(got))
+    margins = [round((v[0] - v[1]).item(), 3) for v in top2]
+    assert torch.equal(got[:same], new[:same]), (tok.decode(new), tok.decode(got), margins)
