@@ -161,6 +161,76 @@ def word_pairs(words, neg, s, dtype: tl.constexpr, SCALE_W: tl.constexpr, BYTE_P
 
 
 @triton.jit
+def words_neg_zero(z_ptr, rn, dtype: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """-(MAGIC + z) of rows ``rn`` as ``[BLOCK_N, 1, 1]`` in ``dtype``: the symmetric z = 8, the
+    per-channel zero points, or (zero points in groups: loaded per tile) unused."""
+    MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    if HAS_ZEROS and GROUP == -1:
+        neg = (-(tl.load(z_ptr + rn).to(tl.float32) + MAGIC)).to(dtype)[:, None, None]
+    else:
+        neg = tl.full((BLOCK_N, 1, 1), -(MAGIC + 8.0), tl.float32).to(dtype)
+    return neg
+
+
+@triton.jit
+def words_mma_step(
+    acc, neg, w0, qw_ptr, s_ptr, z_ptr, x_ptr, rn, rm, KW, G, stride_xm,
+    dtype: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, BYTE_PAIRS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """One 128-code tile (words ``w0 .. w0 + 15`` of rows ``rn``) of the loop of the kernels that
+    read int4 words into the MMA (the dense op's and fused_moe's ``grouped_words``): ``acc
+    [BLOCK_N, BLOCK_M]`` += the tile's dot with the activation rows ``rm``; ``neg`` from
+    :func:`words_neg_zero` (with zero points and groups, each tile loads its own)."""
+    BLOCK_K: tl.constexpr = 128
+    MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    kc = tl.arange(0, 4) * 32  # words (c, 0..3) of a tile hold natural k = 32c .. 32c + 31: one group (GROUP >= 32)
+    k0 = w0 * 8
+    words = tl.load(qw_ptr + rn[:, None] * KW + (w0 + tl.arange(0, 16))[None, :], eviction_policy="evict_first")
+    words = tl.reshape(words, (BLOCK_N, 4, 4))  # [n, c, q]: word 4c + q of the tile
+    if SCALE_W:  # scale (and zero point) of each word's group
+        if GROUP % 128 == 0:  # one group per tile
+            goffs = (rn * G + k0 // GROUP)[:, None, None]
+        else:
+            # [BLOCK_N, 4, 1]: with this operand Triton 3.6 builds the A tile in shared memory
+            # (STS + LDSM: 9.6 SASS instructions per weight byte against 6.2 at g128); the
+            # groups below 128 are right, not tuned for speed
+            goffs = (rn[:, None] * G + ((k0 + kc) // GROUP)[None, :])[:, :, None]
+        s_w = tl.load(s_ptr + goffs)
+        if HAS_ZEROS:
+            neg = (-(tl.load(z_ptr + goffs).to(tl.float32) + MAGIC)).to(dtype)
+    else:
+        s_w = tl.full((BLOCK_N, 1, 1), 1.0, tl.float32).to(dtype)  # unused
+        if GROUP != -1:
+            g = k0 // GROUP
+            if HAS_ZEROS:
+                neg = (-(tl.load(z_ptr + rn * G + g).to(tl.float32) + MAGIC)).to(dtype)[:, None, None]
+    l0, h0, l1, h1, l2, h2, l3, h3 = word_pairs(words, tl.broadcast_to(neg, (BLOCK_N, 4, 4)), tl.broadcast_to(s_w, (BLOCK_N, 4, 4)),
+                                                dtype, SCALE_W, BYTE_PAIRS, ASM)  # fmt: skip
+    # pair p = 2sl + h of word (c, q): [n, c, q, e, h, sl] -> [n, q, sl, h, c, e] = k' order
+    a = tl.join(tl.join(tl.join(l0, h0), tl.join(l1, h1)), tl.join(tl.join(l2, h2), tl.join(l3, h3)))
+    a = tl.reshape(tl.permute(a, (0, 2, 5, 4, 1, 3)), (BLOCK_N, BLOCK_K))
+    if BYTE_PAIRS:
+        # natural k = 32c + 8q + 4sl + 2h + e at k' = 32q + 16sl + 8h + 2c + e: each pair (e) is two
+        # adjacent activations, so the gathered load is 4-byte cp.async straight into the MMA's
+        # shared-memory B buffer, and Triton keeps the wgmma asynchronous (PTX wait_group 7)
+        kp = tl.arange(0, BLOCK_K)
+        nat = ((kp >> 1) & 3) * 32 + (kp >> 5) * 8 + ((kp >> 4) & 1) * 4 + ((kp >> 3) & 1) * 2 + (kp & 1)
+        nat = tl.max_contiguous(tl.multiple_of(nat, 2), 2)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + nat)[None, :], eviction_policy="evict_last")
+    else:
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, BLOCK_K))[None, :], eviction_policy="evict_last")
+        # natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e (in registers: the
+        # pairs (e) are 4 apart, too fine for an async copy; stored to shared memory in the loop)
+        xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
+    if SCALE_W or GROUP == -1:
+        acc = mma(a, tl.trans(xt), acc, DOT_F32)
+    else:
+        acc += mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32) * tl.load(s_ptr + rn * G + g).to(tl.float32)[:, None]
+    return acc
+
+
+@triton.jit
 def _w4a16_mma_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr,
     M, N, K, KW, G, stride_xm, W_PER_SPLIT,
@@ -168,62 +238,13 @@ def _w4a16_mma_words_kernel(
     BYTE_PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, ASM: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    BLOCK_K: tl.constexpr = 128
     pid_k, offs_m, offs_n, rm, rn, w_start = tile_coords(M, N, W_PER_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     dtype = x_ptr.dtype.element_ty
-    MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
-    # words (c, 0..3) of a tile hold natural k = 32c .. 32c + 31: one group (GROUP >= 32)
-    kc = tl.arange(0, 4) * 32
-    if HAS_ZEROS:
-        if GROUP == -1:
-            neg = (-(tl.load(z_ptr + rn).to(tl.float32) + MAGIC)).to(dtype)[:, None, None]
-    else:
-        neg = tl.full((BLOCK_N, 1, 1), -(MAGIC + 8.0), tl.float32).to(dtype)
+    neg = words_neg_zero(z_ptr, rn, dtype, GROUP, HAS_ZEROS, BLOCK_N)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for it in range(0, W_PER_SPLIT // 16):
-        w0 = w_start + it * 16
-        k0 = w0 * 8
-        words = tl.load(qw_ptr + rn[:, None] * KW + (w0 + tl.arange(0, 16))[None, :], eviction_policy="evict_first")
-        words = tl.reshape(words, (BLOCK_N, 4, 4))  # [n, c, q]: word 4c + q of the tile
-        if SCALE_W:  # scale (and zero point) of each word's group
-            if GROUP % 128 == 0:  # one group per tile
-                goffs = (rn * G + k0 // GROUP)[:, None, None]
-            else:
-                # [BLOCK_N, 4, 1]: with this operand Triton 3.6 builds the A tile in shared memory
-                # (STS + LDSM: 9.6 SASS instructions per weight byte against 6.2 at g128); the
-                # groups below 128 are right, not tuned for speed
-                goffs = (rn[:, None] * G + ((k0 + kc) // GROUP)[None, :])[:, :, None]
-            s_w = tl.load(s_ptr + goffs)
-            if HAS_ZEROS:
-                neg = (-(tl.load(z_ptr + goffs).to(tl.float32) + MAGIC)).to(dtype)
-        else:
-            s_w = tl.full((BLOCK_N, 1, 1), 1.0, tl.float32).to(dtype)  # unused
-            if GROUP != -1:
-                g = k0 // GROUP
-                if HAS_ZEROS:
-                    neg = (-(tl.load(z_ptr + rn * G + g).to(tl.float32) + MAGIC)).to(dtype)[:, None, None]
-        l0, h0, l1, h1, l2, h2, l3, h3 = word_pairs(words, tl.broadcast_to(neg, (BLOCK_N, 4, 4)), tl.broadcast_to(s_w, (BLOCK_N, 4, 4)),
-                                                    dtype, SCALE_W, BYTE_PAIRS, ASM)  # fmt: skip
-        # pair p = 2sl + h of word (c, q): [n, c, q, e, h, sl] -> [n, q, sl, h, c, e] = k' order
-        a = tl.join(tl.join(tl.join(l0, h0), tl.join(l1, h1)), tl.join(tl.join(l2, h2), tl.join(l3, h3)))
-        a = tl.reshape(tl.permute(a, (0, 2, 5, 4, 1, 3)), (BLOCK_N, BLOCK_K))
-        if BYTE_PAIRS:
-            # natural k = 32c + 8q + 4sl + 2h + e at k' = 32q + 16sl + 8h + 2c + e: each pair (e) is two
-            # adjacent activations, so the gathered load is 4-byte cp.async straight into the MMA's
-            # shared-memory B buffer, and Triton keeps the wgmma asynchronous (PTX wait_group 7)
-            kp = tl.arange(0, BLOCK_K)
-            nat = ((kp >> 1) & 3) * 32 + (kp >> 5) * 8 + ((kp >> 4) & 1) * 4 + ((kp >> 3) & 1) * 2 + (kp & 1)
-            nat = tl.max_contiguous(tl.multiple_of(nat, 2), 2)
-            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + nat)[None, :], eviction_policy="evict_last")
-        else:
-            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, BLOCK_K))[None, :], eviction_policy="evict_last")
-            # natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e (in registers: the
-            # pairs (e) are 4 apart, too fine for an async copy; stored to shared memory in the loop)
-            xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
-        if SCALE_W or GROUP == -1:
-            acc = mma(a, tl.trans(xt), acc, DOT_F32)
-        else:
-            acc += mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32) * tl.load(s_ptr + rn * G + g).to(tl.float32)[:, None]
+        acc = words_mma_step(acc, neg, w_start + it * 16, qw_ptr, s_ptr, z_ptr, x_ptr, rn, rm, KW, G, stride_xm,
+                                  dtype, GROUP, HAS_ZEROS, SCALE_W, BYTE_PAIRS, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
     store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
