@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .._autotune import m_bucket, pick_config
 from ..kernel_family import KernelFamily, Problem, Registry
-from . import gemv, gemv_words
+from . import gemv, gemv_words, grouped_words
 from .align import align_block_size
 from .grouped_gemm import moe_gemm, moe_sum
 from .routing import topk_routing
@@ -93,7 +93,7 @@ def _run(cfg, *args):
 
 
 GROUPED = KernelFamily("grouped", "moe/grouped_gemm", _supports, grouped_configs, _run)
-FAMILIES = (GROUPED, gemv.FAMILY, gemv_words.FAMILY)
+FAMILIES = (GROUPED, gemv.FAMILY, gemv_words.FAMILY, grouped_words.FAMILY)
 REGISTRY = Registry(OP, FAMILIES)
 
 

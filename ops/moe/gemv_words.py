@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .._autotune import m_bucket
 from ..kernel_family import KernelFamily, Problem
+from ..wna16.dispatch import fp32_accumulate
 from ..wna16.gemv_words import wna16_gemv_words, words_supported
 from .fused_moe import silu_and_mul
 from .grouped_gemm import moe_sum
@@ -35,6 +36,8 @@ def run_moe_gemv_words(
     w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
 ) -> Tensor:  # fmt: skip
     """``fused_moe`` after routing with one word-GEMV config (arguments already checked)."""
+    if "HFMA2" in cfg and fp32_accumulate():  # a tuned or shipped HFMA2 pick runs its tile in float32
+        cfg = {key: v for key, v in cfg.items() if key != "HFMA2"}
     top_k = experts.shape[1]
     i = w13.shape[1] // 2
     pairs = experts.reshape(-1).to(torch.int32).contiguous()
@@ -57,10 +60,11 @@ def _supports(p: Problem) -> tuple[bool, str]:
 
 def configs(p: Problem, exhaustive: bool) -> list[dict]:
     """The dense word GEMV's tiles that won at M = 1 on the H200 (BENCHMARKS.md), with and without
-    a K split; the packed-bf16 ``HFMA2`` forms for 4-bit experts with bf16 activations."""
+    a K split; the packed-bf16 ``HFMA2`` forms for 4-bit experts with bf16 activations (not with
+    ``QFUSE_FP32_ACCUMULATE=1``)."""
     tiles = [(64, 32, 4), (32, 64, 4), (128, 16, 4)] if p.bits == 4 else [(128, 32, 4), (64, 64, 4)]
     out = [{"BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": w} for bn, bw, w in tiles for sp in (1, 4)]
-    if p.bits == 4 and p.dtype == torch.bfloat16:
+    if p.bits == 4 and p.dtype == torch.bfloat16 and not fp32_accumulate():
         out = [{"BLOCK_N": bn, "BLOCK_W": bw, "SPLIT_K": sp, "num_warps": 4, "HFMA2": 2} for bn, bw in ((16, 256), (32, 128)) for sp in (1, 4)] + out
     return out
 
@@ -75,6 +79,4 @@ FAMILY = KernelFamily(
     _supports,
     configs,
     _run,
-    default=False,
-    why_opt_in="not yet run on the GPU (interpreter-tested only): the word GEMV over the expert pairs",
 )

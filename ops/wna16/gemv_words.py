@@ -232,11 +232,21 @@ def _wna16_gemv_words_kernel(
     # a tile is NG scale groups of WPG words ([BLOCK_N, NG, WPG]); per-channel: one "group"
     WPG: tl.constexpr = min(BLOCK_W, GROUP // CPW) if GROUP > 0 else BLOCK_W
     NG: tl.constexpr = BLOCK_W // WPG
-    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    m = tl.program_id(2)
+    if EXPERTS:
+        # fused_moe (ops/moe/gemv_words.py): output row m is a (token, expert) pair, and the pairs
+        # are the fastest grid axis, so the programs in flight read the same row tile of every
+        # pair's expert: pairs that share an expert (M = 16 top-2 on 8 experts: 4 each) meet its
+        # tile in L2 instead of each streaming the expert from HBM.
+        m = tl.program_id(0)
+        pid_n = tl.program_id(2)
+        n_tiles = tl.num_programs(2)
+    else:
+        pid_n = tl.program_id(0)
+        m = tl.program_id(2)
+        n_tiles = tl.num_programs(0)
     x_m = m
-    if EXPERTS:  # fused_moe (ops/moe/gemv_words.py): output row m is a (token, expert) pair
+    if EXPERTS:
         e = tl.load(experts_ptr + m).to(tl.int64)
         qw_ptr += e * N * KW
         s_ptr += e * N * G
@@ -335,9 +345,7 @@ def _wna16_gemv_words_kernel(
             else:
                 acc = t
     res = tl.sum(tl.sum(acc, axis=2), axis=1)
-    store_row(
-        res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, pid_n + m * tl.num_programs(0), pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K
-    )
+    store_row(res, s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_n, m, pid_n + m * n_tiles, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 
 def words_supported(k: int, bits: int, group_size: int, block_w: int = 4) -> bool:
@@ -398,8 +406,9 @@ def wna16_gemv_words(
     wpg = min(block_w, group_size // cpw) if group_size > 0 else block_w  # words per group in a tile (the kernel's WPG)
     if hfma2 == 2 and wpg % 2:  # word pairs need an even count
         hfma2 = 1
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), split_k, m)
-    out, ws, counts = output_buffers(x, n, split_k, grid[0] * m, m, out_dtype)
+    n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    grid = (n_tiles, split_k, m) if experts is None else (m, split_k, n_tiles)  # EXPERTS: pairs fastest (the kernel's comment)
+    out, ws, counts = output_buffers(x, n, split_k, n_tiles * m, m, out_dtype)
     cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     launch(_wna16_gemv_words_kernel, grid,
         x, words, scales, zeros if zeros is not None else qweight, bias if bias is not None else scales, out, ws, counts,

@@ -69,9 +69,9 @@ def test_offered_only_for_weight_only_decode():
         supported, reason = FAMILY.supports(Problem(m, 14336, 4096, bits, 128, torch.bfloat16, act_bits=act_bits))
         assert supported == ok and (ok or reason), (bits, act_bits, m)
     fams = {c["kernel"] for c in candidate_configs(4, 14336, 4096, 4, 128, torch.bfloat16)}
-    assert fams == {"grouped", "gemv", "gemv_words"}  # every family's configs, the opt-in gemv_words' included
+    assert fams == {"grouped", "gemv", "gemv_words", "grouped_words"}  # every family's configs
     assert {c["kernel"] for c in candidate_configs(4, 14336, 4096, 8, -1, torch.bfloat16, act_bits=8)} == {"grouped"}
-    assert {c["kernel"] for c in candidate_configs(64, 14336, 4096, 4, 128, torch.bfloat16)} == {"grouped"}
+    assert {c["kernel"] for c in candidate_configs(64, 14336, 4096, 4, 128, torch.bfloat16)} == {"grouped", "grouped_words"}
     assert REGISTRY.family("gemv") is FAMILY
 
 

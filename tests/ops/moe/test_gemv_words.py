@@ -50,14 +50,21 @@ def test_all_tokens_to_one_expert():
         assert_close_to_ref(out, fused_moe_ref(x, logits, top_k, True, *args), False)
 
 
-def test_offered_only_with_experimental_kernels(monkeypatch):
+def test_fp32_accumulate_runs_an_hfma2_pick_in_float32(monkeypatch):
+    x, logits, args = make_moe("W4A16_G32", 2, 64, 32, 4, torch.bfloat16)
+    cfg = {"BLOCK_N": 16, "BLOCK_W": 8, "SPLIT_K": 1}
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")
+    assert torch.equal(run_words(x, logits, 2, True, args, {**cfg, "HFMA2": 2}), run_words(x, logits, 2, True, args, cfg))
+
+
+def test_offered_by_default_and_hfma2_only_with_bf16_sums(monkeypatch):
     p = Problem(1, 14336, 4096, 4, 128, torch.bfloat16, act_bits=16)
-    assert FAMILY.supports(p)[0] and not FAMILY.default and FAMILY.why_opt_in
+    assert FAMILY.supports(p)[0] and FAMILY.default and not FAMILY.why_opt_in
     assert all("HFMA2" in c for c in configs(p, False)[:4])
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
-    assert "gemv_words" not in {c["kernel"] for c in REGISTRY.offered(p)}
-    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
     assert "gemv_words" in {c["kernel"] for c in REGISTRY.offered(p)}
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")
+    assert [c for c in configs(p, False) if "HFMA2" in c] == []
     for bits, act_bits, m, ok in [(8, 16, 16, True), (4, 16, 17, False), (8, 8, 1, False), (16, 16, 1, False)]:
         assert FAMILY.supports(Problem(m, 14336, 4096, bits, 128, torch.bfloat16, act_bits=act_bits))[0] == ok
     assert not FAMILY.supports(Problem(1, 14336, 4100, 4, -1, torch.bfloat16, act_bits=16))[0]  # H not whole words

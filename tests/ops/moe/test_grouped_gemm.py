@@ -142,7 +142,9 @@ def test_entry_point_picks_a_config_and_runs():
 def test_configs_by_m_bucket(m):
     every = candidate_configs(m, 14336, 4096, 4, 128, torch.bfloat16)
     cands = [c for c in every if c["kernel"] == "grouped"]
-    assert cands and {c["kernel"] for c in every} == ({"grouped", "gemv", "gemv_words"} if m <= 16 else {"grouped"})  # gemv_words: opt-in
+    assert cands and {c["kernel"] for c in every} == (
+        {"grouped", "gemv", "gemv_words", "grouped_words"} if m <= 16 else {"grouped", "grouped_words"} if m <= 64 else {"grouped"}
+    )
     block_m = {c["BLOCK_M"] for c in cands}
     assert (block_m == {16}) == (m <= 32)
     assert max(block_m) >= (64 if m >= 1024 else 16)
@@ -153,7 +155,7 @@ def test_configs_by_m_bucket(m):
 GPU_FORMATS = ["bf16", "W8A16", "W4A16_ASYM_G128", "W4A16_G128", "W8A8", "W4A8", "W4A8_G128"]
 
 
-def _gpu_moe(fmt, m, h, i, e, dtype):
+def _gpu_moe(fmt, m, h, i, e, dtype, device="cuda"):
     base = fmt.replace("G128", "G32").replace("W4A16_ASYM_G32", "W4A16_ASYM_CH")
     x, logits, args = make_moe(base, m, h, i, e, dtype)
     bits, act_bits = FORMATS[base][:2]
@@ -166,7 +168,7 @@ def _gpu_moe(fmt, m, h, i, e, dtype):
             s2 = (torch.rand(e, h, i // 128) * 0.02 / i**0.5 + 0.005 / i**0.5).to(dtype)
             z = "ASYM" in fmt
             args = (args[0], s13, g(2 * i, h, 16) if z else None, None, args[4], s2, g(h, i, 16) if z else None, None, bits, act_bits, 128)
-    return x.cuda(), logits.cuda(), tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    return x.to(device), logits.to(device), tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 @pytest.mark.gpu

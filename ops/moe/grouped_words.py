@@ -1,0 +1,148 @@
+"""The tensor-core word kernel of ``wna16_gemm`` (ops/wna16/mma_words.py) over ``fused_moe``'s
+expert-sorted blocks: W4A16 experts at M of a few rows per expert.
+
+At decode the ``gemv_words`` family (ops/moe/gemv_words.py) runs one program per (token, expert)
+pair, so an expert chosen by r tokens has its weights dequantized r times: on the H200 it
+reaches 56-59 % of the HBM floor on Mixtral-8x7B at M = 1-4 but 26 % at M = 16 (32 pairs
+on 8 experts). Here the pairs are sorted by expert in blocks of ``BLOCK_M`` rows (ops/moe/align.py),
+and one program reads a ``BLOCK_N``-row tile of its block's expert once, as int32 words
+straight into wgmma's A operand (the dense kernel's loop step, ``words_mma_step``), against the
+block's activation rows::
+
+    e = expert_ids[b]; ids = sorted_ids[b * BLOCK_M ...]       (pairs p; P = padding)
+    gu[s, p] = x[p // top_k] @ w_hat13[e].T over K slice s     float32 [SPLIT_K, P, 2I]
+    h[p]     = dtype(silu(gu[p, :I]) * gu[p, I:])              as the reference
+    y[s, p]  = h[p] @ w_hat2[e].T over K slice s * topw[p]     float32 [SPLIT_K, P, H]
+    out[m]   = dtype(sum_s sum_j y[s, m * top_k + j])          moe_sum: slices, then j, in order
+
+with ``gu``'s slices summed by torch before the activation (deterministic, no atomics). The
+scale multiplies each 128-code tile's partial dot (per channel: after the loop), or with
+``SCALE_W`` the weight, as in the dense kernel (its docstring has the math and tolerances).
+Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or per channel
+(``SCALE_W``: any multiple of 32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .._autotune import m_bucket
+from .._launch import launch
+from .._views import aligned_view
+from ..kernel_family import KernelFamily, Problem
+from ..wna16.mma_words import LAUNCH_OPTIONS, mma_words_supported, words_mma_step, words_neg_zero
+from .align import align_block_size
+from .fused_moe import silu_and_mul
+from .grouped_gemm import moe_sum
+
+
+@triton.jit
+def _moe_mma_words_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+    P, N, KW, G, stride_xm, ROW_DIV, W_PER_SPLIT,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)  # fastest: the programs in flight share their block's activation rows
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    dtype = x_ptr.dtype.element_ty
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = ids < P
+    rm = tl.where(valid, ids // ROW_DIV, 0)  # padding rows read row 0; their results are not stored
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = offs_n % N
+    qw_e = qw_ptr + e * N * KW
+    s_e = s_ptr + e * N * G
+    z_e = z_ptr + e * N * G
+    neg = words_neg_zero(z_e, rn, dtype, GROUP, HAS_ZEROS, BLOCK_N)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    w_start = pid_k * W_PER_SPLIT
+    for it in range(0, W_PER_SPLIT // 16):
+        acc = words_mma_step(acc, neg, w_start + it * 16, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
+                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
+    if GROUP == -1:
+        acc = acc * tl.load(s_e + rn).to(tl.float32)[:, None]
+    out = out_ptr + pid_k * P * N + ids[:, None] * N + offs_n[None, :]
+    tl.store(out, tl.trans(acc), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+def moe_mma_words(
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group_size: int, cfg: dict,
+    route: tuple[Tensor, Tensor, Tensor], pairs: int, row_div: int,
+) -> Tensor:  # fmt: skip
+    """float32 ``[SPLIT_K, pairs, N]``: slice s of row p is ``x[p // row_div] @ w_hat[e_p].T`` over
+    K slice s, for 4-bit ``qweight [E, N, K / 2]`` (the natural packing), ``scales`` / ``zeros``
+    ``[E, N, G]`` and ``route = align_block_size(experts, E, cfg["BLOCK_M"])``."""
+    n, k = qweight.shape[1], x.shape[1]
+    kw = k // 8
+    split_k = cfg.get("SPLIT_K", 1)
+    while split_k > 1 and kw % (16 * split_k):  # whole 16-word tiles per split
+        split_k -= 1
+    sorted_ids, expert_ids, total = route
+    out = torch.empty((split_k, pairs, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), expert_ids.numel(), split_k)
+    launch(_moe_mma_words_kernel, grid,
+        x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, out, sorted_ids, expert_ids, total,
+        pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)),
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda,
+        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
+    )  # fmt: skip
+    return out
+
+
+def run_moe_grouped_words(
+    cfg: dict, x: Tensor, weights: Tensor, experts: Tensor, w13: Tensor, w13_scale, w13_zeros, w13_group_scale,
+    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
+) -> Tensor:  # fmt: skip
+    """``fused_moe`` after routing with one config (arguments already checked; 4-bit, float activations)."""
+    top_k = experts.shape[1]
+    pairs = experts.numel()
+    i = w13.shape[1] // 2
+    route = align_block_size(experts, w13.shape[0], cfg["BLOCK_M"])
+    x = x.contiguous()
+    gu = moe_mma_words(x, w13, w13_scale, w13_zeros, group_size, cfg, route, pairs, top_k)
+    gu = gu[0] if gu.shape[0] == 1 else gu.sum(0)
+    h = silu_and_mul(gu[:, :i], gu[:, i:]).to(x.dtype)
+    y = moe_mma_words(h, w2, w2_scale, w2_zeros, group_size, cfg, route, pairs, 1)
+    return moe_sum(y.mul_(weights.reshape(1, -1, 1)), top_k, x.dtype)
+
+
+def _supports(p: Problem) -> tuple[bool, str]:
+    if p.act_bits != 16 or p.bits != 4:
+        return False, "W4A16 experts only"
+    if m_bucket(p.m) > 64:
+        return False, "M bucket > 64 (experts' blocks of 16-32 rows)"
+    if not any(mma_words_supported(p.k, p.group_size, sw) and mma_words_supported(p.n, p.group_size, sw) for sw in (False, True)):
+        return False, "H and I multiples of 128, and a group of 128's multiple or per channel (SCALE_W: of 32)"
+    return True, ""
+
+
+def configs(p: Problem, exhaustive: bool) -> list[dict]:
+    """The dense kernel's tiles (ops/wna16/mma_words.py: 128 weight rows on 8 warps, 4 stages, was
+    the best tile on 9 of 10 H200 points at M = 1 and 16), blocks of 16 rows (32 too at M bucket
+    >= 32), with and without a K split of 4 for fc2's few output tiles (H / BLOCK_N per block)."""
+    bms = (16,) if m_bucket(p.m) <= 16 else (16, 32)
+    forms = [sw for sw in (False, True) if mma_words_supported(p.k, p.group_size, sw) and mma_words_supported(p.n, p.group_size, sw)]
+    tiles = [(128, 8, 4), (128, 4, 4), (64, 4, 4)] + ([(256, 8, 3)] if exhaustive else [])
+    return [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "num_warps": w, "num_stages": st}
+        for bm in bms
+        for bn, w, st in tiles
+        for sp in (1, 4)
+        for sw in forms
+    ]
+
+
+def _run(cfg, *args):
+    return run_moe_grouped_words(cfg, *args)
+
+
+FAMILY = KernelFamily("grouped_words", "moe/grouped_words", _supports, configs, _run)
