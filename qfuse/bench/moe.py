@@ -41,13 +41,22 @@ read-only); activations are not in the floor. ``copies``: weight copies the grap
 gets a row with its ``error``, the others go on, and the exit status is 1); ``moe.png`` plots
 x bf16 per case against M, one panel per shape.
 
+``--every-config``: each fused_moe case (bf16 included) also times every config of every family
+that supports its key, opt-in families included, the same way (HBM copies, graph replays),
+each checked against the reference: one row per config in ``moe_configs.csv`` (``family``,
+``config``, ``us``, ``x_pick``: the run's pick's us / this us, ``opt_in``: why the family is
+opt-in, "" if offered, ``max_rel_err``), and the fastest config of each key in
+``moe_picks.json`` in the format of ``ops/tuned/fused_moe.<gpu>.json``.
+
     qfuse bench moe --out bench_results/moe
     QFUSE_AUTOTUNE=0 qfuse bench moe --shapes mixtral-8x7b --m 1 16 4096 --cases bf16 loop W4A16
+    QFUSE_AUTOTUNE=0 qfuse bench moe --m 1 2 4 8 16 --cases bf16 W4A16 W8A16 --every-config
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -83,6 +92,7 @@ def _args(argv):
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="cases to time (default: all); x bf16 / x loop need bf16 / loop")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, activations and router logits")
     p.add_argument("--replays", type=int, default=20, help="CUDA-graph replays timed (the median is reported)")
+    p.add_argument("--every-config", action="store_true", help="also time every config of every family (moe_configs.csv, moe_picks.json)")
     p.add_argument("--out", type=Path, default=Path("bench_results/moe"), help="folder for moe.csv and moe.png")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny shapes, reference kernel, wall-clock timing
     args = p.parse_args(argv)
@@ -167,8 +177,33 @@ def _picked_config(dev: torch.device, m: int, e: int, i: int, h: int, top_k: int
     return "" if cfg is None else str(cfg)
 
 
-def bench_shape(name: str, args, bw: float, log, on_row) -> None:
-    """Every case of ``args.cases`` at every M of ``args.m`` for one shape; ``on_row(row)`` per finished row."""
+def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float) -> list[dict]:
+    """One row per config of every family that supports this call's key (opt-in ones included):
+    ``family``, ``config``, ``us`` (``timed`` over the weight copies ``sets``), ``x_pick``
+    (``pick_us`` / us), ``opt_in`` (why its family keeps it opt-in, "" if offered), ``max_rel_err``
+    against ``ref``; a config that fails gets its ``error``."""
+    from qfuse.ops.moe.dispatch import REGISTRY, problem
+    from qfuse.ops.moe.routing import topk_routing
+
+    weights, experts = topk_routing(logits, top_k, True)
+    bits, act_bits, group = fmt
+    p = problem(x.shape[0], sets[0][0].shape[1] // 2, x.shape[1], bits, group, x.dtype, act_bits)
+    rows = []
+    for cfg in REGISTRY.candidates(p):
+        row = {"family": cfg["kernel"], "config": str(cfg), "opt_in": REGISTRY.family(cfg["kernel"]).opt_in_reason(cfg)}
+        try:
+            err = _rel_err(REGISTRY.run(cfg, x, weights, experts, *sets[0], *fmt), ref)
+            us = timed([lambda t=t, c=cfg: REGISTRY.run(c, x, weights, experts, *t, *fmt) for t in sets])
+            row.update(us=round(us, 2), x_pick=round(pick_us / us, 3), max_rel_err=err)
+        except Exception as exc:  # a config that does not compile or fit: its reason, the others go on
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        rows.append(row)
+    return rows
+
+
+def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None:
+    """Every case of ``args.cases`` at every M of ``args.m`` for one shape; ``on_row(row)`` per
+    finished row; with ``args.every_config``, ``on_config(row)`` per config row (:func:`every_config`)."""
     from qfuse.ops.moe.fused_moe import fused_moe_ref
     from qfuse.ops.moe.routing import topk_routing
 
@@ -201,7 +236,7 @@ def bench_shape(name: str, args, bw: float, log, on_row) -> None:
     del w13f, w2f
 
     def timed(calls) -> float:
-        return time_graph(calls, replays=args.replays) if cuda else _time_cpu(calls)
+        return time_graph(calls, replays=args.replays) if cuda else _time_cpu(calls, min(args.replays, CPU_STEPS))
 
     refs_first = [c for c in ("bf16", "loop") if c in args.cases]  # timed first (args.cases is in CASES order)
     for m in args.m:
@@ -247,6 +282,10 @@ def bench_shape(name: str, args, bw: float, log, on_row) -> None:
                     hbm_tb_s=round(bw / 1e12, 3),
                     seed=args.seed,
                 )
+                if args.every_config and case != "loop" and on_config is not None:
+                    for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case]):
+                        on_config({"shape": name, "M": m, "case": case, **c, "E": e, "top_k": top_k, "H": h, "I": i,
+                                   "bits": fmt[0], "act_bits": fmt[1], "group_size": fmt[2]})  # fmt: skip
             except Exception as exc:  # a case that fails must not cost the others
                 log(f"[moe] {name} M={m} {case}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -287,6 +326,25 @@ def _line(row: dict) -> str:
     )
 
 
+def fastest_configs(config_rows: list[dict], gpu: str) -> dict[str, dict]:
+    """The fastest config of each key (bf16 activations; none with an error or a relative error
+    above 5 %), keyed like ``ops/tuned/fused_moe.<gpu>.json`` (``gpu``: ``_autotune.device_name``)."""
+    import ast
+
+    from qfuse.ops._autotune import _key_str
+    from qfuse.ops.moe.dispatch import OP, config_key
+
+    best: dict[str, tuple[float, dict]] = {}
+    for r in config_rows:
+        if "us" not in r or r["max_rel_err"] > 0.05:
+            continue
+        fmt = (r["bits"], r["act_bits"], r["group_size"])
+        entry = _key_str(OP, (gpu, *config_key(r["M"], r["E"], r["I"], r["H"], r["top_k"], *fmt, torch.bfloat16)))
+        if entry not in best or r["us"] < best[entry][0]:
+            best[entry] = (r["us"], ast.literal_eval(r["config"]))
+    return {k: cfg for k, (_, cfg) in best.items()}
+
+
 def plot(rows: list[dict], path: Path, title: str) -> None:
     """x bf16 per case against M, one panel per shape (timing.plot_speedup on rows pivoted by case)."""
     from .timing import plot_speedup
@@ -325,8 +383,22 @@ def main(argv=None) -> int:
         rows.append(row)
         write_csv(rows, args.out / "moe.csv")  # per row: a run cut short keeps what it measured
 
+    config_rows: list[dict] = []
+
+    def on_config(row: dict) -> None:
+        config_rows.append(row)
+        write_csv(config_rows, args.out / "moe_configs.csv")
+        log(f"[moe]   {row['family']:<11} {row.get('us', 'FAILED')!s:>10} us  x pick {row.get('x_pick', '')!s:>6}  {row['config']}")
+
     for name in args.shapes:
-        bench_shape(name, args, bw, log, on_row)
+        bench_shape(name, args, bw, log, on_row, on_config)
+    if config_rows:
+        path = args.out / "moe_picks.json"
+        from qfuse.ops._autotune import device_name
+
+        picks = fastest_configs(config_rows, device_name(torch.device(args.device)))
+        path.write_text(json.dumps(picks, indent=1, sort_keys=True) + "\n")
+        log(f"wrote {args.out / 'moe_configs.csv'} and {path}")
     plot(rows, args.out / "moe.png", f"qfuse fused_moe vs its bf16 experts ({gpu})")
     log(f"wrote {args.out / 'moe.csv'} and {args.out / 'moe.png'}")
     return 0 if all("error" not in r for r in rows) else 1

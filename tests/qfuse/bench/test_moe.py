@@ -85,3 +85,26 @@ def test_loop_matches_the_reference_with_an_idle_expert():
     out = bench_moe.moe_loop(x, logits, top_k, w13, w2, plan)
     ref = fused_moe_ref(x, logits, top_k, True, w13, None, None, None, w2, None, None, None, 16, 16, -1)
     assert ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item() < 0.02
+
+
+def test_every_config_rows_and_picks(tmp_path, monkeypatch):
+    """``--every-config``: a row per candidate of every family (opt-in ones included), each
+    checked against the reference, and the fastest per key in the shipped tables' key format.
+    One config per family (each runs in the Triton interpreter here)."""
+    import ast
+    import json
+
+    from qfuse.ops.moe.dispatch import REGISTRY
+
+    every = REGISTRY.candidates
+    monkeypatch.setattr(REGISTRY, "candidates", lambda p: [c for f in REGISTRY.families for c in [c for c in every(p) if c["kernel"] == f.name][:1]])
+    argv = ["--device", "cpu", "--shapes", "tiny", "--m", "1", "--cases", "W4A16", "--replays", "1", "--every-config", "--out", str(tmp_path)]
+    assert bench_moe.main(argv) == 0
+    with (tmp_path / "moe_configs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["family"] for r in rows] == ["grouped", "gemv", "gemv_words", "grouped_words"]
+    assert all(float(r["us"]) > 0 and float(r["max_rel_err"]) < 0.02 and not r.get("error") for r in rows)
+    assert [r["opt_in"] for r in rows] == ["", "", "", ""]
+    h, i, e, top_k = bench_moe.SHAPES["tiny"]
+    fastest = ast.literal_eval(min(rows, key=lambda r: float(r["us"]))["config"])
+    assert json.loads((tmp_path / "moe_picks.json").read_text()) == {f"fused_moe|cpu|1|{e}|{i}|{h}|{top_k}|4|16|{min(128, h)}|bfloat16": fastest}
