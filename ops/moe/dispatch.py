@@ -32,7 +32,7 @@ from ..kernel_family import KernelFamily, Problem, Registry
 from . import gemv, gemv_words, grouped_words
 from .align import align_block_size
 from .grouped_gemm import moe_gemm, moe_sum
-from .routing import topk_routing
+from .routing import topk_routing_triton
 
 OP = "fused_moe"
 
@@ -117,7 +117,7 @@ def fused_moe_triton(
     """Route, pick the config for this shape (cache / shipped / one measurement) and run it."""
     m, h = x.shape
     e, two_i = w13.shape[:2]
-    weights, experts = topk_routing(router_logits, top_k, renormalize)
+    weights, experts = topk_routing_triton(router_logits, top_k, renormalize)
     args = (
         x,
         weights,

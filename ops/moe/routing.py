@@ -7,14 +7,26 @@ Math (one token row ``m``)::
     renormalize:         w[m, j] = w[m, j] / sum_j' w[m, j']     (float32)
 
 the router of Hugging Face Mixtral (which always renormalizes) and of Qwen2-MoE / Qwen3-MoE
-(``norm_topk_prob``) computed with the same torch calls. Plain torch with static shapes: no
-host sync, so the CUDA path runs it as is (inside CUDA-graph capture too).
+(``norm_topk_prob``) computed with the same torch calls: :func:`topk_routing`, the reference.
+
+:func:`topk_routing_triton`, the CUDA path's: the same math in one launch, one program per token
+(the four to five torch kernels cost 10-15 us of a 70-200 us Mixtral decode call on the H200:
+``qfuse bench moe``'s op rows against its ``--every-config`` rows, which take the routing as
+given). It sums the softmax in its own order (float32: weights within a few ulps of torch's), takes
+the top k by repeated max with the lowest expert index among exact ties, and returns the experts
+as int32.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
+
+from .._exact_triton import div_rn, exp_f32, interpreting
+from .._launch import launch
+from ..activation.quant_kernels import device_guard
 
 
 def topk_routing(router_logits: Tensor, top_k: int, renormalize: bool) -> tuple[Tensor, Tensor]:
@@ -23,4 +35,44 @@ def topk_routing(router_logits: Tensor, top_k: int, renormalize: bool) -> tuple[
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+@triton.jit
+def _topk_routing_kernel(logits_ptr, w_ptr, e_ptr, E, stride_m, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):  # fmt: skip
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + m * stride_m + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
+    p = exp_f32(x - tl.max(x, 0), INTERPRET)  # expf and IEEE division, as torch's softmax
+    p = div_rn(p, tl.sum(p, 0))
+    slots = tl.arange(0, BLOCK_K)
+    w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    e = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, offs, BLOCK_E), 0)  # the lowest index among exact ties
+        w = tl.where(slots == j, best, w)
+        e = tl.where(slots == j, idx, e)
+        p = tl.where(offs == idx, -1.0, p)  # probabilities are >= 0: out of the next max
+    if RENORMALIZE:
+        w = div_rn(w, tl.sum(w, 0))  # slots past TOP_K hold 0
+    tl.store(w_ptr + m * TOP_K + slots, w, mask=slots < TOP_K)
+    tl.store(e_ptr + m * TOP_K + slots, e, mask=slots < TOP_K)
+
+
+def topk_routing_triton(router_logits: Tensor, top_k: int, renormalize: bool) -> tuple[Tensor, Tensor]:
+    """``(weights float32 [M, top_k], experts int32 [M, top_k])`` for logits ``[M, E]`` in one launch
+    (module docstring); any float dtype, rows of any stride."""
+    m, e = router_logits.shape
+    if router_logits.stride(1) != 1:
+        router_logits = router_logits.contiguous()
+    weights = torch.empty((m, top_k), dtype=torch.float32, device=router_logits.device)
+    experts = torch.empty((m, top_k), dtype=torch.int32, device=router_logits.device)
+    if m == 0:
+        return weights, experts
+    with device_guard(router_logits):
+        launch(_topk_routing_kernel, (m,), router_logits, weights, experts, e, router_logits.stride(0),
+               TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k), INTERPRET=interpreting(),
+               num_warps=1 if e <= 256 else 4)  # fmt: skip
     return weights, experts
