@@ -9,13 +9,15 @@ and one program reads a ``BLOCK_N``-row tile of its block's expert once, as int3
 straight into wgmma's A operand (the dense kernel's loop step, ``words_mma_step``), against the
 block's activation rows::
 
-    e = expert_ids[b]; ids = sorted_ids[b * BLOCK_M ...]       (pairs p; P = padding)
-    gu[s, p] = x[p // top_k] @ w_hat13[e].T over K slice s     float32 [SPLIT_K, P, 2I]
-    h[p]     = dtype(silu(gu[p, :I]) * gu[p, I:])              as the reference
-    y[s, p]  = h[p] @ w_hat2[e].T over K slice s * topw[p]     float32 [SPLIT_K, P, H]
-    out[m]   = dtype(sum_s sum_j y[s, m * top_k + j])          moe_sum: slices, then j, in order
+    e = expert_ids[b]; ids = sorted_ids[b * BLOCK_M ...]        (pairs p; P = padding)
+    g, u   = x[p // top_k] @ w_hat13[e][gate rows, up rows].T   float32, two accumulators
+    h[p]   = dtype(g / (1 + exp(-g)) * u)                       fc1's epilogue, as the reference
+    y[s, p] = (h[p] @ w_hat2[e].T over K slice s) * topw[p]      float32 [SPLIT_K, P, H]
+    out[m] = dtype(sum_j sum_s y[s, m * top_k + j])              moe_sum: fixed order
 
-with ``gu``'s slices summed by torch before the activation (deterministic, no atomics). The
+``SPLIT_K`` splits fc2 only (H / BLOCK_N tiles per block: 32 on Mixtral, 256 programs at
+M = 16 for 132 SMs); fc1 has I / BLOCK_N programs per block, each over a gate and an up tile,
+and its epilogue is not linear. The
 scale multiplies each 128-code tile's partial dot (per channel: after the loop), or with
 ``SCALE_W`` the weight, as in the dense kernel (its docstring has the math and tolerances).
 Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or per channel
@@ -30,21 +32,22 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket
+from .._exact_triton import div_rn, exp_f32, interpreting, to_act_dtype
 from .._launch import launch
 from .._views import aligned_view
+from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
 from ..wna16.mma_words import LAUNCH_OPTIONS, mma_words_supported, words_mma_step, words_neg_zero
 from .align import align_block_size
-from .fused_moe import silu_and_mul
 from .grouped_gemm import moe_sum
 
 
 @triton.jit
 def _moe_mma_words_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, topw_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
     P, N, KW, G, stride_xm, ROW_DIV, W_PER_SPLIT,
-    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    GATED: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)  # fastest: the programs in flight share their block's activation rows
     pid_m = tl.program_id(1)
@@ -58,43 +61,63 @@ def _moe_mma_words_kernel(
     rm = tl.where(valid, ids // ROW_DIV, 0)  # padding rows read row 0; their results are not stored
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = offs_n % N
-    qw_e = qw_ptr + e * N * KW
-    s_e = s_ptr + e * N * G
-    z_e = z_ptr + e * N * G
+    w_rows = 2 * N if GATED else N  # rows of one expert's weight: gate then up for fc1
+    qw_e = qw_ptr + e * w_rows * KW
+    s_e = s_ptr + e * w_rows * G
+    z_e = z_ptr + e * w_rows * G
     neg = words_neg_zero(z_e, rn, dtype, GROUP, HAS_ZEROS, BLOCK_N)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if GATED:
+        neg_up = words_neg_zero(z_e, rn + N, dtype, GROUP, HAS_ZEROS, BLOCK_N)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     w_start = pid_k * W_PER_SPLIT
     for it in range(0, W_PER_SPLIT // 16):
-        acc = words_mma_step(acc, neg, w_start + it * 16, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
+        w0 = w_start + it * 16
+        acc = words_mma_step(acc, neg, w0, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
                              dtype, GROUP, HAS_ZEROS, SCALE_W, False, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
+        if GATED:
+            acc_up = words_mma_step(acc_up, neg_up, w0, qw_e, s_e, z_e, x_ptr, rn + N, rm, KW, G, stride_xm,
+                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
     if GROUP == -1:
         acc = acc * tl.load(s_e + rn).to(tl.float32)[:, None]
+        if GATED:
+            acc_up = acc_up * tl.load(s_e + rn + N).to(tl.float32)[:, None]
+    mask = valid[:, None] & (offs_n < N)[None, :]
     out = out_ptr + pid_k * P * N + ids[:, None] * N + offs_n[None, :]
-    tl.store(out, tl.trans(acc), mask=valid[:, None] & (offs_n < N)[None, :])
+    if GATED:
+        g = tl.trans(acc)
+        h = div_rn(g, 1.0 + exp_f32(-g, INTERPRET)) * tl.trans(acc_up)
+        tl.store(out, to_act_dtype(h, dtype, INTERPRET), mask=mask)
+    else:
+        topw = tl.load(topw_ptr + ids, mask=valid, other=0.0)
+        tl.store(out, tl.trans(acc) * topw[:, None], mask=mask)
 
 
 def moe_mma_words(
-    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group_size: int, cfg: dict,
-    route: tuple[Tensor, Tensor, Tensor], pairs: int, row_div: int,
+    x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, topw: Tensor | None, group_size: int, cfg: dict,
+    route: tuple[Tensor, Tensor, Tensor], pairs: int, row_div: int, split_k: int,
 ) -> Tensor:  # fmt: skip
-    """float32 ``[SPLIT_K, pairs, N]``: slice s of row p is ``x[p // row_div] @ w_hat[e_p].T`` over
-    K slice s, for 4-bit ``qweight [E, N, K / 2]`` (the natural packing), ``scales`` / ``zeros``
-    ``[E, N, G]`` and ``route = align_block_size(experts, E, cfg["BLOCK_M"])``."""
-    n, k = qweight.shape[1], x.shape[1]
+    """One launch over ``route = align_block_size(experts, E, cfg["BLOCK_M"])`` for 4-bit
+    ``qweight`` (the natural packing), ``scales`` / ``zeros`` ``[E, rows, G]``: fc1 (``topw``
+    None, ``w13 [E, 2I, H / 2]``): ``h [pairs, I]`` in x's dtype, ``h[p] = silu(g) * u`` of
+    ``x[p // row_div]``'s gate and up rows; fc2: float32 ``[split_k, pairs, N]``, slice s of row p
+    ``(x[p] @ w_hat[e_p].T over K slice s) * topw[p]``."""
+    gated = topw is None
+    n, k = qweight.shape[1] // (2 if gated else 1), x.shape[1]
     kw = k // 8
-    split_k = cfg.get("SPLIT_K", 1)
     while split_k > 1 and kw % (16 * split_k):  # whole 16-word tiles per split
         split_k -= 1
     sorted_ids, expert_ids, total = route
-    out = torch.empty((split_k, pairs, n), dtype=torch.float32, device=x.device)
+    out = torch.empty((pairs, n) if gated else (split_k, pairs, n), dtype=x.dtype if gated else torch.float32, device=x.device)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), expert_ids.numel(), split_k)
-    launch(_moe_mma_words_kernel, grid,
-        x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, out, sorted_ids, expert_ids, total,
-        pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
-        GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)),
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda,
-        num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
-    )  # fmt: skip
+    with device_guard(x):
+        launch(_moe_mma_words_kernel, grid,
+            x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, topw if topw is not None else scales,
+            out, sorted_ids, expert_ids, total, pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
+            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)),
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda, INTERPRET=interpreting(),
+            num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
+        )  # fmt: skip
     return out
 
 
@@ -105,14 +128,10 @@ def run_moe_grouped_words(
     """``fused_moe`` after routing with one config (arguments already checked; 4-bit, float activations)."""
     top_k = experts.shape[1]
     pairs = experts.numel()
-    i = w13.shape[1] // 2
     route = align_block_size(experts, w13.shape[0], cfg["BLOCK_M"])
-    x = x.contiguous()
-    gu = moe_mma_words(x, w13, w13_scale, w13_zeros, group_size, cfg, route, pairs, top_k)
-    gu = gu[0] if gu.shape[0] == 1 else gu.sum(0)
-    h = silu_and_mul(gu[:, :i], gu[:, i:]).to(x.dtype)
-    y = moe_mma_words(h, w2, w2_scale, w2_zeros, group_size, cfg, route, pairs, 1)
-    return moe_sum(y.mul_(weights.reshape(1, -1, 1)), top_k, x.dtype)
+    h = moe_mma_words(x.contiguous(), w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, top_k, 1)
+    y = moe_mma_words(h, w2, w2_scale, w2_zeros, weights.reshape(-1).contiguous(), group_size, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1))
+    return moe_sum(y, top_k, x.dtype)
 
 
 def _supports(p: Problem) -> tuple[bool, str]:
