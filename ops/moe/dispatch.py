@@ -10,10 +10,16 @@ Three families, in registry order (the untuned pick is the first offered config)
   SGLang for the H200 (shared/reference/kernel_anchors.md): decode (M bucket <= 32) BLOCK_M 16
   with long K tiles; mid M 32-64 rows; large M 64-128 rows with 8 warps.
 * ``gemv`` (ops/moe/gemv.py), weight-only experts (W8A16, W4A16) at M bucket <= 16: one
-  program per (token, expert) pair and row tile, no sorting. On the H200 it is the pick for 7
-  of the 12 measured weight-only keys of M 1-16 (Mixtral W4A16 M = 1: 158 against 223 us).
-* ``gemv_words`` (ops/moe/gemv_words.py, opt-in): the dense op's int32-word GEMV over the same
-  pairs, for the 4-bit experts whose byte-wise unpacking limits ``gemv``.
+  program per (token, expert) pair and row tile, no sorting; byte-wise code unpacking.
+* ``gemv_words`` (ops/moe/gemv_words.py), the same experts and M: the dense op's int32-word
+  GEMV over the pairs (Mixtral W4A16 on the H200: 72 against ``gemv``'s 146 us at M = 1).
+* ``grouped_words`` (ops/moe/grouped_words.py), W4A16 at M bucket <= 64: the dense op's
+  tensor-core word loop over the expert-sorted blocks, each expert dequantized once per block
+  (Mixtral M = 16: 387 against ``gemv_words``' 642 us).
+
+Of the 21 shipped weight-only keys at M 1-64 on the H200, ``gemv_words`` holds 9, ``grouped_words``
+6, ``grouped`` 5 and ``gemv`` 1 (``qfuse bench moe --every-config``; BENCHMARKS.md, "Fused MoE").
+Routing runs in one Triton launch here (ops/moe/routing.py).
 
 :func:`pick_config` (ops/_autotune.py) keys the picks by ``(M bucket, E, I, H, top_k,
 weight_bits, act_bits, group_size, dtype)``: a cached or shipped pick
