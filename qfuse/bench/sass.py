@@ -12,7 +12,8 @@ the longest region closed by a backward branch::
 prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop's instruction
 count and opcode histogram, and instructions per weight byte = loop instructions x threads /
 weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16), ``mma_gemv``,
-``tiled_planes`` and ``mma_words`` (W4A16), ``tiled_tma`` (W4A16 / W8A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``. A static count: the real rate also
+``tiled_planes`` and ``mma_words`` (W4A16), ``tiled_tma`` (W4A16 / W8A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``,
+``moe_grouped_words`` (fused_moe's W4A16 word MMA; ``"GATED": false`` in the config for fc2). A static count: the real rate also
 depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
 
 For a kernel with wgmma it also prints the MMA loop's ``WARPGROUP.DEPBAR`` counts (all 0: ptxas
@@ -153,6 +154,40 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             DOT_F32=False,
         )
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
+    if kernel == "moe_grouped_words":
+        from qfuse.ops.moe.grouped_words import _moe_mma_words_kernel as fn
+
+        gated = bool(cfg.get("GATED", True))  # fc1 (gate and up tiles per iteration) or fc2
+        sig = {
+            "x_ptr": ptrs["x_ptr"],
+            "qw_ptr": "*i32",
+            "s_ptr": ptrs["s_ptr"],
+            "z_ptr": ptrs["z_ptr"],
+            "topw_ptr": "*fp32",
+            "out_ptr": ptrs["out_ptr"] if gated else "*fp32",
+            "sorted_ids_ptr": "*i32",
+            "expert_ids_ptr": "*i32",
+            "total_ptr": "*i32",
+            "P": "i32",
+            "N": "i32",
+            "KW": "i32",
+            "G": "i32",
+            "stride_xm": "i32",
+            "ROW_DIV": "i32",
+            "W_PER_SPLIT": "i32",
+        }
+        consts = dict(
+            GATED=gated,
+            GROUP=group,
+            HAS_ZEROS=zeros,
+            SCALE_W=bool(cfg.get("SCALE_W", False)),
+            BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"],
+            ASM=True,
+            DOT_F32=False,
+            INTERPRET=False,
+        )
+        return fn, sig, consts, cfg["BLOCK_N"] * 64 * (2 if gated else 1)  # one 128-code tile per row (fc1: two)
     if kernel == "tiled_tma":
         from qfuse.ops.wna16.tma import _wna16_tma_kernel as fn
 
@@ -414,7 +449,9 @@ def opcode(line: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
-    p.add_argument("kernel", help="gemv_words, mma_gemv, tiled_planes, mma_words, tiled_tma, w4a8_gemv, w4a8_mma_words or w8a8_gemv")
+    p.add_argument(
+        "kernel", help="gemv_words, mma_gemv, tiled_planes, mma_words, tiled_tma, w4a8_gemv, w4a8_mma_words, w8a8_gemv or moe_grouped_words"
+    )
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
     p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
     p.add_argument("--zeros", action="store_true", help="with zero points (wna16)")
@@ -430,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "w4a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
         "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
         "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
+        "moe_grouped_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
     }
     try:
         if args.kernel not in defaults:

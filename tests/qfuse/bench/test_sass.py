@@ -61,6 +61,7 @@ def test_every_kernel_compiles_with_its_launchers_options():
         "w4a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
         "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128},
         "w8a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
+        "moe_grouped_words": {"BLOCK_M": 16, "BLOCK_N": 128},
     }
     for kernel, cfg in cfgs.items():
         fn = sass.kernel_spec(kernel, 4, 128, False, "bf16", cfg)[0]
@@ -115,3 +116,16 @@ def test_wgmma_pipeline_finds_writes_to_registers_of_a_wgmma_in_flight():
     # serialized (ptxas C7515): every wait 0, nothing in flight to overwrite
     assert sass.wgmma_pipeline(sass.wgmma_loop(_wgmma_loop_text(0, 0, "LDS.U16 R13, [R2]"))) == ([0, 0], [])
     assert sass.wgmma_loop("        /*0000*/  EXIT ;") == []
+
+
+def test_moe_grouped_words_fc1_reads_two_tiles_per_iteration(capfd):
+    """fused_moe's word MMA: fc1's loop (gate and up tiles) is about twice fc2's, and per weight byte
+    both stay under the dense word GEMV's ~8 (sm_90, 128 rows, 8 warps)."""
+    loops = []
+    for cfg in ('{"GATED": true}', '{"GATED": false}'):
+        assert sass.main(["moe_grouped_words", "--config", cfg]) == 0
+        out = capfd.readouterr().out
+        loops.append((int(re.search(r"loop (\d+) instructions", out).group(1)), float(re.search(r"per weight byte ([\d.]+)", out).group(1))))
+    (fc1, fc1_per_byte), (fc2, fc2_per_byte) = loops
+    assert 1.5 * fc2 < fc1 < 2.2 * fc2
+    assert fc1_per_byte < 7 and fc2_per_byte < 7
