@@ -55,8 +55,9 @@ def test_explain_moe(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
     assert cli.main(["kernels", "--explain", "16", "14336", "4096", "W4A16", "--moe", "8", "2", "--gpu", "NVIDIA_H200"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("fused_moe  M=16 I=14336 H=4096 E=8 top_k=2") and "grouped" in out and "gemv" in out
-    assert "'kernel': 'grouped'" in out and "the shipped table (ops/tuned/fused_moe.NVIDIA_H200.json)" in out
+    assert out.startswith("fused_moe  M=16 I=14336 H=4096 E=8 top_k=2")
+    assert all(f"  {family} " in out for family in ("grouped", "gemv", "gemv_words", "grouped_words"))
+    assert "'kernel': 'grouped_words'" in out and "the shipped table (ops/tuned/fused_moe.NVIDIA_H200.json)" in out
     assert cli.main(["kernels", "--explain", "3", "1024", "512", "W8A8", "--moe", "8", "2", "--gpu", "NVIDIA_H200"]) == 0
     out = capsys.readouterr().out  # int8 activations: no gemv; a shape without a stored pick
     assert "weight-only quantized experts only" in out and "untuned heuristic" in out
