@@ -135,14 +135,42 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _moe_sum_kernel(y_ptr, out_ptr, H, P, TOP_K: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+def _moe_sum_kernel(y_ptr, w_ptr, out_ptr, H, P, TOP_K: tl.constexpr, SPLITS: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
+                    INTERPRET: tl.constexpr):  # fmt: skip
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
     acc = tl.load(y_ptr + m * TOP_K * H + offs, mask=mask, other=0.0)
+    if HAS_W:
+        acc = acc * tl.load(w_ptr + m * TOP_K)
     for i in tl.static_range(1, TOP_K * SPLITS):  # row j of split s: s * P + m * TOP_K + j; j outer, as the reference
-        acc += tl.load(y_ptr + ((i % SPLITS) * P + m * TOP_K + i // SPLITS) * H + offs, mask=mask, other=0.0)
+        row = tl.load(y_ptr + ((i % SPLITS) * P + m * TOP_K + i // SPLITS) * H + offs, mask=mask, other=0.0)
+        if HAS_W:
+            row = row * tl.load(w_ptr + m * TOP_K + i // SPLITS)
+        acc += row
     tl.store(out_ptr + m * H + offs, to_act_dtype(acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_kernel(gu_ptr, h_ptr, N, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    p = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.load(gu_ptr + p * 2 * N + offs, mask=mask, other=0.0)
+    u = tl.load(gu_ptr + p * 2 * N + N + offs, mask=mask, other=0.0)
+    h = div_rn(g, 1.0 + exp_f32(-g, INTERPRET)) * u
+    tl.store(h_ptr + p * N + offs, to_act_dtype(h, h_ptr.dtype.element_ty, INTERPRET), mask=mask)
+
+
+def silu_and_mul_rows(gu: Tensor, dtype: torch.dtype, block: int = 1024) -> Tensor:
+    """``dtype(g / (1 + exp(-g)) * u)`` for float32 ``gu [P, 2N]`` = ``[g | u]`` per row, in one launch
+    (the grouped kernel's fc1 epilogue, for kernels that store ``gu``)."""
+    pairs, n = gu.shape[0], gu.shape[1] // 2
+    h = torch.empty((pairs, n), dtype=dtype, device=gu.device)
+    block = min(block, triton.next_power_of_2(n))
+    with device_guard(gu):
+        launch(_silu_and_mul_kernel, (pairs, triton.cdiv(n, block)), gu.contiguous(), h, n, BLOCK=block, INTERPRET=interpreting(), num_warps=4)
+    return h
 
 
 def block_k_for(cfg: dict, group_size: int) -> int:
@@ -178,15 +206,17 @@ def moe_gemm(
     return out
 
 
-def moe_sum(y: Tensor, top_k: int, dtype: torch.dtype, block: int = 1024) -> Tensor:
+def moe_sum(y: Tensor, top_k: int, dtype: torch.dtype, weights: Tensor | None = None, block: int = 1024) -> Tensor:
     """``out[m] = dtype(y[m * top_k] + y[m * top_k + 1] + ...)`` (float32 ``y [M * top_k, H]``, j order);
-    ``y [S, M * top_k, H]`` (K-split partials): ``sum_j sum_s y[s, m * top_k + j]``, s inner."""
+    ``y [S, M * top_k, H]`` (K-split partials): ``sum_j sum_s y[s, m * top_k + j]``, s inner. With
+    float32 ``weights [M * top_k]`` each row is first multiplied by its pair's weight (rounded
+    there, as ``y * w[:, None]`` then the sum)."""
     splits = y.shape[0] if y.dim() == 3 else 1
     pairs, h = y.shape[-2:]
     m = pairs // top_k
     out = torch.empty((m, h), dtype=dtype, device=y.device)
     block = min(block, triton.next_power_of_2(h))
     with device_guard(y):
-        launch(_moe_sum_kernel, (m, triton.cdiv(h, block)), y, out, h, pairs,
-               TOP_K=top_k, SPLITS=splits, BLOCK=block, INTERPRET=interpreting(), num_warps=4)  # fmt: skip
+        launch(_moe_sum_kernel, (m, triton.cdiv(h, block)), y, weights if weights is not None else y, out, h, pairs,
+               TOP_K=top_k, SPLITS=splits, HAS_W=weights is not None, BLOCK=block, INTERPRET=interpreting(), num_warps=4)  # fmt: skip
     return out

@@ -104,3 +104,29 @@ def test_gpu_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_fused_act_matches_the_torch_epilogue(split):
+    """FUSED_ACT (opt-in): SiLU-and-mul and the weighted top-k sum as one launch each, against the
+    torch kernels they replace: within one rounding of the output dtype, and the reference's tolerance."""
+    x, logits, args = make_moe("W4A16_G32", 5, 64, 32, 4, torch.bfloat16)
+    cfg = {"BLOCK_N": 16, "BLOCK_W": 8, "SPLIT_K": split, "HFMA2": 2}
+    fused = run_words(x, logits, 2, True, args, {**cfg, "FUSED_ACT": True})
+    plain = run_words(x, logits, 2, True, args, cfg)
+    torch.testing.assert_close(fused, plain, rtol=2**-7, atol=0)
+    assert_close_to_ref(fused, fused_moe_ref(x, logits, 2, True, *args), False)
+    assert not FAMILY.opt_in_reason(cfg) and "GPU" in FAMILY.opt_in_reason({**cfg, "FUSED_ACT": True})
+
+
+def test_silu_and_mul_rows_and_the_weighted_sum():
+    from qfuse.ops.moe.fused_moe import silu_and_mul
+    from qfuse.ops.moe.grouped_gemm import moe_sum, silu_and_mul_rows
+
+    gen = torch.Generator().manual_seed(3)
+    gu = torch.randn(6, 2 * 40, generator=gen) * 4
+    torch.testing.assert_close(silu_and_mul_rows(gu, torch.bfloat16), silu_and_mul(gu[:, :40], gu[:, 40:]).to(torch.bfloat16), rtol=2**-8, atol=0)
+    y, w = torch.randn(6, 40, generator=gen), torch.rand(6, generator=gen)
+    assert torch.equal(moe_sum(y, 3, torch.float32, w), moe_sum(y * w[:, None], 3, torch.float32))
+    ys = torch.randn(2, 6, 40, generator=gen)  # K-split slices: each weighted
+    assert torch.equal(moe_sum(ys, 2, torch.bfloat16, w), moe_sum(ys * w[None, :, None], 2, torch.bfloat16))
