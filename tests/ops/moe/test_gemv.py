@@ -19,7 +19,7 @@ from qfuse.ops.moe.gemv import FAMILY, gemv_configs, run_moe_gemv
 from qfuse.ops.moe.grouped_gemm import moe_sum
 from qfuse.ops.moe.routing import topk_routing
 from tests.ops.moe.test_fused_moe import FORMATS, make_moe
-from tests.ops.moe.test_grouped_gemm import _gpu_moe, assert_close_to_ref
+from tests.ops.moe.test_grouped_gemm import _gpu_moe, assert_close_to_ref, assert_replay_equals_eager
 
 
 def run_gemv(x, logits, top_k, renormalize, args, cfg):
@@ -96,10 +96,4 @@ def test_gpu_every_config(fmt, m):
 def test_gpu_cuda_graph_capture():
     x, logits, args = _gpu_moe("W4A16_G128", 4, 1024, 512, 8, torch.bfloat16)
     cfg = {"BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 4}
-    eager = run_gemv(x, logits, 2, True, args, cfg)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run_gemv(x, logits, 2, True, args, cfg)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert_replay_equals_eager(lambda: run_gemv(x, logits, 2, True, args, cfg))

@@ -14,7 +14,7 @@ from qfuse.ops.moe.fused_moe import fused_moe_ref
 from qfuse.ops.moe.gemv_words import FAMILY, configs, run_moe_gemv_words
 from qfuse.ops.moe.routing import topk_routing
 from tests.ops.moe.test_fused_moe import make_moe
-from tests.ops.moe.test_grouped_gemm import assert_close_to_ref
+from tests.ops.moe.test_grouped_gemm import assert_close_to_ref, assert_replay_equals_eager
 
 
 def run_words(x, logits, top_k, renormalize, args, cfg):
@@ -97,13 +97,7 @@ def test_gpu_cuda_graph_capture():
 
     x, logits, args = _gpu_moe("W4A16_G128", 4, 1024, 512, 8, torch.bfloat16)
     cfg = {"BLOCK_N": 16, "BLOCK_W": 256, "SPLIT_K": 4, "HFMA2": 2}
-    eager = run_words(x, logits, 2, True, args, cfg)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run_words(x, logits, 2, True, args, cfg)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert_replay_equals_eager(lambda: run_words(x, logits, 2, True, args, cfg))
 
 
 @pytest.mark.parametrize("split", [1, 2])

@@ -37,6 +37,18 @@ def assert_close_to_ref(out, ref, int8_act):
     assert err <= tol, f"max error {err:.3g} > tolerance {tol:.3g}"
 
 
+def assert_replay_equals_eager(call):
+    """``call()`` eagerly (compiles and picks outside the capture), then captured in a CUDA graph and
+    replayed: the same bits."""
+    eager = call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
 def run_kernel(x, logits, top_k, renormalize, args, cfg=CFG):
     weights, experts = topk_routing(logits, top_k, renormalize)
     return run_fused_moe(cfg, x, weights, experts, *args)
@@ -188,10 +200,4 @@ def test_gpu_grid(fmt, m, shape):
 @pytest.mark.parametrize("fmt", ["W4A16_G128", "W4A8"])
 def test_gpu_cuda_graph_capture(fmt):
     x, logits, args = _gpu_moe(fmt, 4, 1024, 512, 8, torch.bfloat16)
-    eager = torch.ops.qfuse.fused_moe(x, logits, 2, True, *args)  # compiles and picks the config outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = torch.ops.qfuse.fused_moe(x, logits, 2, True, *args)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert_replay_equals_eager(lambda: torch.ops.qfuse.fused_moe(x, logits, 2, True, *args))

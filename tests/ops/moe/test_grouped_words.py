@@ -14,7 +14,7 @@ from qfuse.ops.moe.dispatch import REGISTRY, candidate_configs
 from qfuse.ops.moe.fused_moe import fused_moe_ref
 from qfuse.ops.moe.grouped_words import FAMILY, configs, run_moe_grouped_words
 from qfuse.ops.moe.routing import topk_routing
-from tests.ops.moe.test_grouped_gemm import _gpu_moe, assert_close_to_ref
+from tests.ops.moe.test_grouped_gemm import _gpu_moe, assert_close_to_ref, assert_replay_equals_eager
 
 
 def run_words(x, logits, top_k, renormalize, args, cfg):
@@ -87,10 +87,4 @@ def test_gpu_every_config(fmt, m):
 def test_gpu_cuda_graph_capture():
     x, logits, args = _gpu_moe("W4A16_G128", 16, 1024, 512, 8, torch.bfloat16)
     cfg = {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 4}
-    eager = run_words(x, logits, 2, True, args, cfg)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run_words(x, logits, 2, True, args, cfg)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert_replay_equals_eager(lambda: run_words(x, logits, 2, True, args, cfg))
