@@ -33,6 +33,7 @@ keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import statistics
 import time
@@ -416,9 +417,27 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="--interleave: rounds of --steps steps per case and batch")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny model
     ap.add_argument("--out", type=Path, default=Path("bench_model"))
+    ap.add_argument(
+        "--stacks-every",
+        type=float,
+        default=0,
+        metavar="S",
+        help="print every thread's Python stack to stderr every S seconds (where a long compile spends its time)",
+    )
     args = ap.parse_args(argv)
     if args.device == "cuda":
         require_cuda("model")
+    if args.stacks_every <= 0:
+        return run(args)
+    faulthandler.dump_traceback_later(args.stacks_every, repeat=True)  # sampling without a profiler
+    try:
+        return run(args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def run(args) -> int:
+    """The cases of ``args`` (``main``'s options): rows to ``model.csv`` as they finish; 1 if one failed."""
     rows: list[dict] = []
     config = model_config(args.model, args.layers)
     if args.interleave:

@@ -93,3 +93,16 @@ def test_interleaved_eager_rows(tmp_path):
     assert [(r["case"], r["mode"], r["batch"]) for r in rows] == [(c, "eager", b) for c in ("bf16", "W4A16") for b in ("1", "2")]
     assert all(float(r["ms"]) > 0 for r in rows) and {r["x_bf16"] for r in rows if r["case"] == "bf16"} == {"1.0"}
     assert (out / "model.png").stat().st_size > 0
+
+
+def test_stacks_every_samples_the_run_and_stops_with_it(tmp_path, monkeypatch):
+    """--stacks-every S: faulthandler dumps every thread's stack each S seconds while the cases run,
+    and is cancelled when they end (also when one fails)."""
+    calls = []
+    monkeypatch.setattr(bench_model.faulthandler, "dump_traceback_later", lambda s, repeat: calls.append(("dump", s, repeat)))
+    monkeypatch.setattr(bench_model.faulthandler, "cancel_dump_traceback_later", lambda: calls.append(("cancel",)))
+    argv = ["--model", "tiny", "--device", "cpu", "--cases", "W9A9", "--batches", "1", "--no-compile", "--steps", "1", "--out", str(tmp_path)]
+    assert bench_model.main(argv + ["--stacks-every", "60"]) == 1
+    assert calls == [("dump", 60.0, True), ("cancel",)]
+    calls.clear()
+    assert bench_model.main(argv) == 1 and calls == []
