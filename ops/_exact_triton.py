@@ -73,6 +73,12 @@ def exp_f32(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def silu_mul_f32(g, u, INTERPRET: tl.constexpr):
+    """``g / (1 + exp(-g)) * u`` in float32, the ops the MoE reference runs (``fused_moe.silu_and_mul``)."""
+    return div_rn(g, 1.0 + exp_f32(-g, INTERPRET)) * u
+
+
+@triton.jit
 def bf16_rne_f32(x):
     """float32 ``x`` rounded to the nearest bf16 (ties to even), still as float32: integer bit
     ops, so the interpreter rounds as the GPU's ``cvt.rn`` / ``fma.rn.bf16x2`` do."""

@@ -30,7 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket
-from .._exact_triton import div_rn, exp_f32, interpreting, to_act_dtype
+from .._exact_triton import interpreting, silu_mul_f32, to_act_dtype
 from .._launch import launch
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
@@ -95,7 +95,7 @@ def _moe_gemv_kernel(
         up = tl.sum(acc_up, axis=1)
         if GROUP == -1:
             up = up * tl.load(s_e + rn + N).to(tl.float32)
-        h = div_rn(res, 1.0 + exp_f32(-res, INTERPRET)) * up
+        h = silu_mul_f32(res, up, INTERPRET)
         tl.store(out_ptr + p.to(tl.int64) * N + offs_n, to_act_dtype(h, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
     else:
         topw = tl.load(topw_ptr + p)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._exact_triton import div_rn, exp_f32, interpreting, to_act_dtype
+from .._exact_triton import interpreting, silu_mul_f32, to_act_dtype
 from .._launch import launch
 from ..activation.quant_kernels import device_guard
 from ..wna16.common import codes_minus_zero, load_codes, mma, zero_plus_magic
@@ -127,7 +127,7 @@ def _moe_gemm_kernel(
     mask = valid[:, None] & (offs_n < N)[None, :]
     out_ptrs = out_ptr + ids[:, None] * N + offs_n[None, :]
     if GATED:
-        h = div_rn(res, 1.0 + exp_f32(-res, INTERPRET)) * up
+        h = silu_mul_f32(res, up, INTERPRET)
         tl.store(out_ptrs, to_act_dtype(h, dtype, INTERPRET), mask=mask)
     else:
         topw = tl.load(topw_ptr + ids, mask=valid, other=0.0)
@@ -158,7 +158,7 @@ def _silu_and_mul_kernel(gu_ptr, h_ptr, N, BLOCK: tl.constexpr, INTERPRET: tl.co
     mask = offs < N
     g = tl.load(gu_ptr + p * 2 * N + offs, mask=mask, other=0.0)
     u = tl.load(gu_ptr + p * 2 * N + N + offs, mask=mask, other=0.0)
-    h = div_rn(g, 1.0 + exp_f32(-g, INTERPRET)) * u
+    h = silu_mul_f32(g, u, INTERPRET)
     tl.store(h_ptr + p * N + offs, to_act_dtype(h, h_ptr.dtype.element_ty, INTERPRET), mask=mask)
 
 

@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._autotune import m_bucket
-from .._exact_triton import div_rn, exp_f32, interpreting, to_act_dtype
+from .._exact_triton import interpreting, silu_mul_f32, to_act_dtype
 from .._launch import launch
 from .._views import aligned_view
 from ..activation.quant_kernels import device_guard
@@ -85,8 +85,7 @@ def _moe_mma_words_kernel(
     mask = valid[:, None] & (offs_n < N)[None, :]
     out = out_ptr + pid_k * P * N + ids[:, None] * N + offs_n[None, :]
     if GATED:
-        g = tl.trans(acc)
-        h = div_rn(g, 1.0 + exp_f32(-g, INTERPRET)) * tl.trans(acc_up)
+        h = silu_mul_f32(tl.trans(acc), tl.trans(acc_up), INTERPRET)
         tl.store(out, to_act_dtype(h, dtype, INTERPRET), mask=mask)
     else:
         topw = tl.load(topw_ptr + ids, mask=valid, other=0.0)
