@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .._autotune import m_bucket
 from ..kernel_family import KernelFamily, Problem
-from ..wna16.dispatch import fp32_accumulate
+from ..wna16.dispatch import accumulate_form, fp32_accumulate
 from ..wna16.gemv_words import wna16_gemv_words, words_supported
 from .fused_moe import silu_and_mul
 from .grouped_gemm import moe_sum, silu_and_mul_rows
@@ -39,8 +39,7 @@ def run_moe_gemv_words(
     w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
 ) -> Tensor:  # fmt: skip
     """``fused_moe`` after routing with one word-GEMV config (arguments already checked)."""
-    if "HFMA2" in cfg and fp32_accumulate():  # a tuned or shipped HFMA2 pick runs its tile in float32
-        cfg = {key: v for key, v in cfg.items() if key != "HFMA2"}
+    cfg = accumulate_form(cfg)
     top_k = experts.shape[1]
     i = w13.shape[1] // 2
     pairs = experts.reshape(-1).to(torch.int32).contiguous()

@@ -122,6 +122,13 @@ def fp32_accumulate() -> bool:
     return os.environ.get("QFUSE_FP32_ACCUMULATE", "0") == "1"
 
 
+def accumulate_form(cfg: dict) -> dict:
+    """``cfg`` as it runs: with ``QFUSE_FP32_ACCUMULATE=1`` an ``HFMA2`` pick runs its tile in float32."""
+    if "HFMA2" in cfg and fp32_accumulate():
+        return {key: v for key, v in cfg.items() if key != "HFMA2"}
+    return cfg
+
+
 def is_experimental(cfg: dict, bits: int | None = None) -> bool:
     """Whether ``cfg`` is offered only with ``QFUSE_EXPERIMENTAL_KERNELS=1``: a family kept opt-in
     as a whole (``mma_gemv``) or a config its family marks (register caps ``MAXNREG``, ``mma_words``
@@ -141,6 +148,4 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device), tma_capable(x.device), x.dtype)  # noqa: E731 - built only on a cache miss
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
                       lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
-    if "HFMA2" in cfg and fp32_accumulate():
-        cfg = {key: v for key, v in cfg.items() if key != "HFMA2"}
-    return run_config(cfg, x, qweight, scales, zeros, bias, bits, group_size)
+    return run_config(accumulate_form(cfg), x, qweight, scales, zeros, bias, bits, group_size)
