@@ -165,14 +165,21 @@ def _time_cpu(calls, steps: int = CPU_STEPS) -> float:
     return statistics.median(times)
 
 
+def table_key(gpu: str, m: int, e: int, i: int, h: int, top_k: int, fmt, dtype) -> str:
+    """The picks' key of a fused_moe call, as in ``ops/tuned/fused_moe.<gpu>.json`` and the autotune cache."""
+    from qfuse.ops._autotune import _key_str
+    from qfuse.ops.moe.dispatch import OP, config_key
+
+    return _key_str(OP, (gpu, *config_key(m, e, i, h, top_k, *fmt, dtype)))
+
+
 def _picked_config(dev: torch.device, m: int, e: int, i: int, h: int, top_k: int, fmt, dtype) -> str:
     """The config ``fused_moe`` runs for this key (measured, stored or untuned pick); "" on the CPU (reference kernel)."""
     if dev.type != "cuda":
         return ""
-    from qfuse.ops._autotune import _key_str, _memory, _untuned, device_name, experimental_kernels
-    from qfuse.ops.moe.dispatch import OP, config_key
+    from qfuse.ops._autotune import _memory, _untuned, device_name, experimental_kernels
 
-    entry = _key_str(OP, (device_name(dev), *config_key(m, e, i, h, top_k, *fmt, dtype)))
+    entry = table_key(device_name(dev), m, e, i, h, top_k, fmt, dtype)
     cfg = _memory.get(entry) or _untuned.get((entry, experimental_kernels()))
     return "" if cfg is None else str(cfg)
 
@@ -331,15 +338,12 @@ def fastest_configs(config_rows: list[dict], gpu: str) -> dict[str, dict]:
     above 5 %), keyed like ``ops/tuned/fused_moe.<gpu>.json`` (``gpu``: ``_autotune.device_name``)."""
     import ast
 
-    from qfuse.ops._autotune import _key_str
-    from qfuse.ops.moe.dispatch import OP, config_key
-
     best: dict[str, tuple[float, dict]] = {}
     for r in config_rows:
         if "us" not in r or r["max_rel_err"] > 0.05:
             continue
         fmt = (r["bits"], r["act_bits"], r["group_size"])
-        entry = _key_str(OP, (gpu, *config_key(r["M"], r["E"], r["I"], r["H"], r["top_k"], *fmt, torch.bfloat16)))
+        entry = table_key(gpu, r["M"], r["E"], r["I"], r["H"], r["top_k"], fmt, torch.bfloat16)
         if entry not in best or r["us"] < best[entry][0]:
             best[entry] = (r["us"], ast.literal_eval(r["config"]))
     return {k: cfg for k, (_, cfg) in best.items()}
