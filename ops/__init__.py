@@ -15,7 +15,7 @@ if __name__ != "qfuse.ops":  # pragma: no cover - guard against a second import 
 # Importing the op modules registers the ops. The modules share their names with the
 # ops they define, so the ops themselves are reached as torch.ops.qfuse.<name>
 # (the module attributes stay modules: `from qfuse.ops import rms_norm` is the module).
-from . import quant_int8, rms_norm, silu_and_mul_quant, w4a8_gemm, w8a8_gemm, wna16_gemm  # noqa: E402,F401
+from . import decode_attention, quant_int8, rms_norm, silu_and_mul_quant, w4a8_gemm, w8a8_gemm, wna16_gemm  # noqa: E402,F401
 from .moe import fused_moe  # noqa: E402,F401
 
 OP_NAMES = (
@@ -30,4 +30,5 @@ OP_NAMES = (
     "w8a8_gemm",
     "w4a8_gemm",
     "fused_moe",
+    "decode_attention",
 )

@@ -13,7 +13,8 @@ prints registers and spill bytes per thread (``cuobjdump -res-usage``), the loop
 count and opcode histogram, and instructions per weight byte = loop instructions x threads /
 weight bytes one loop iteration of a program reads. Kernels: ``gemv_words`` (W4A16 / W8A16), ``mma_gemv``,
 ``tiled_planes`` and ``mma_words`` (W4A16), ``tiled_tma`` (W4A16 / W8A16), ``w4a8_gemv`` and ``w4a8_mma_words`` (W4A8), ``w8a8_gemv``,
-``moe_grouped_words`` (fused_moe's W4A16 word MMA; ``"GATED": false`` in the config for fc2). A static count: the real rate also
+``moe_grouped_words`` (fused_moe's W4A16 word MMA; ``"GATED": false`` in the config for fc2),
+``decode_attention`` (per K / V byte; ``MASK_KIND`` 0 / 1 / 2 and ``DIRECT`` in the config). A static count: the real rate also
 depends on occupancy and stalls (see the ncu profile in BENCHMARKS.md).
 
 For a kernel with wgmma it also prints the MMA loop's ``WARPGROUP.DEPBAR`` counts (all 0: ptxas
@@ -282,6 +283,23 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
         if not stream:
             consts["SPLIT"] = cfg.get("SPLIT_K", 1) > 1
         return fn, sig, consts, cfg["BLOCK_N"] * 64  # one 128-code tile per row
+    elif kernel == "decode_attention":
+        from qfuse.ops.attention.decode_kernels import _decode_attention_kernel as fn
+
+        names = ["q_ptr", "k_ptr", "v_ptr", "mask_ptr", "out_ptr", "part_acc_ptr", "part_ml_ptr"]
+        types = [f"*{dtype}"] * 3 + ["*u8", f"*{dtype}", "*fp32", "*fp32"]
+        ints = ["Hkv", "G", "L", "S", "D", "n_splits", "blocks_per_split"]
+        strides = ["sq_b", "sq_h", "sq_l", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s", "sm_b", "sm_l", "sm_s", "so_b", "so_h", "so_l"]
+        sig = {**dict(zip(names, types)), **{n: "i32" for n in ints}, "scale_log2e": "fp32", **{n: "i32" for n in strides}}
+        consts = dict(
+            MASK_KIND=cfg.get("MASK_KIND", 1),
+            DIRECT=bool(cfg.get("DIRECT", False)),
+            BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_D=cfg["BLOCK_D"],
+            INTERPRET=False,
+        )
+        return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_D"] * 2 * 2  # a K and a V block, 16-bit
     elif kernel == "w8a8_gemv":
         from qfuse.ops.int8.gemv8 import _w8a8_gemv_kernel as fn
 
@@ -450,7 +468,8 @@ def opcode(line: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qfuse bench sass", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "kernel", help="gemv_words, mma_gemv, tiled_planes, mma_words, tiled_tma, w4a8_gemv, w4a8_mma_words, w8a8_gemv or moe_grouped_words"
+        "kernel",
+        help="gemv_words, mma_gemv, tiled_planes, mma_words, tiled_tma, w4a8_gemv, w4a8_mma_words, w8a8_gemv, moe_grouped_words or decode_attention",
     )
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="weight width (gemv_words)")
     p.add_argument("--group", type=int, default=128, help="group size (-1: per-channel)")
@@ -468,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
         "w8a8_gemv": {"BLOCK_N": 256, "BLOCK_W": 4},
         "moe_grouped_words": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 4},
+        "decode_attention": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 128},
     }
     try:
         if args.kernel not in defaults:

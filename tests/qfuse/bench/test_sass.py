@@ -3,7 +3,10 @@ hot loop's SASS instructions (the figures the kernels' docstrings quote)."""
 
 from __future__ import annotations
 
+import json
 import re
+
+import pytest
 
 from qfuse.bench import sass
 
@@ -62,6 +65,7 @@ def test_every_kernel_compiles_with_its_launchers_options():
         "w4a8_mma_words": {"BLOCK_M": 16, "BLOCK_N": 128},
         "w8a8_gemv": {"BLOCK_N": 2, "BLOCK_W": 32},
         "moe_grouped_words": {"BLOCK_M": 16, "BLOCK_N": 128},
+        "decode_attention": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_D": 128},
     }
     for kernel, cfg in cfgs.items():
         fn = sass.kernel_spec(kernel, 4, 128, False, "bf16", cfg)[0]
@@ -129,3 +133,17 @@ def test_moe_grouped_words_fc1_reads_two_tiles_per_iteration(capfd):
     (fc1, fc1_per_byte), (fc2, fc2_per_byte) = loops
     assert 1.5 * fc2 < fc1 < 2.2 * fc2
     assert fc1_per_byte < 7 and fc2_per_byte < 7
+
+
+@pytest.mark.parametrize("block_m, mask_kind, direct", [(16, 0, True), (16, 1, False), (32, 2, True), (64, 1, False)])
+def test_decode_attention_compiles_for_sm90_without_spills(block_m, mask_kind, direct, capfd):
+    """The decode-attention kernel at head_dim 128 with its launcher's warps (normalized output or
+    partials, each mask kind): no stack (a general head-dim stride cost 255 registers and a stack)."""
+    from qfuse.ops.attention.decode_kernels import warps_for
+
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_D": 128, "MASK_KIND": mask_kind, "DIRECT": direct, "num_warps": warps_for(block_m)}
+    assert sass.main(["decode_attention", "--config", json.dumps(cfg)]) == 0
+    out = capfd.readouterr().out
+    registers = int(re.search(r"registers (\d+)", out).group(1))
+    assert "stack 0 B" in out and registers < 255, out
+    assert re.search(r"HMMA|wgmma loop", out), out  # tensor cores: mma.sync up to 32 rows, wgmma at 64

@@ -1,0 +1,1 @@
+"""The Triton kernels of the attention op (ops/decode_attention.py)."""
