@@ -22,6 +22,7 @@ def _map_source_subpackages() -> None:
 _map_source_subpackages()
 
 from . import ops  # noqa: E402  (registers torch.ops.qfuse.*)
+from .attention import use_decode_attention  # noqa: E402
 from .checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
 from .compile import compile, compile_config, inductor_options  # noqa: E402,A004  (imports qfuse.passes lazily)
 from .formats import CheckpointError  # noqa: E402
@@ -45,5 +46,6 @@ __all__ = [
     "ops",
     "quantize_model",
     "save_quantized",
+    "use_decode_attention",
 ]
 __version__ = "0.1.0"
