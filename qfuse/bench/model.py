@@ -120,6 +120,22 @@ MODELS = {  # architecture, config fields (the published shapes; weights are ran
 QFUSE_CASES = ("W4A16", "W8A16", "W8A8", "W4A8", "W4A8_G128")
 TORCHAO_CASES = ("torchao-int4", "torchao-int8dq")
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao-int4")
+# case modifiers: ``nopasses`` (qfuse schemes: compiled without the fusion passes), ``attn``
+# (any case: attention through qfuse::decode_attention, ``qfuse.use_decode_attention``)
+MODIFIERS = ("nopasses", "attn")
+
+
+def parse_case(case: str) -> tuple[str, frozenset[str]]:
+    """``"W8A8:nopasses:attn"`` -> ``("W8A8", {"nopasses", "attn"})``; unknown parts raise."""
+    scheme, *mods = case.split(":")
+    known = ("bf16", *QFUSE_CASES, *TORCHAO_CASES)
+    bad = [m for m in mods if m not in MODIFIERS]
+    if scheme not in known or bad or ("nopasses" in mods and scheme not in QFUSE_CASES):
+        raise ValueError(
+            f"unknown case {case!r}; choose from {', '.join(known)}, followed by ':attn' (qfuse's decode attention) "
+            "and, for qfuse schemes, ':nopasses'"
+        )
+    return scheme, frozenset(mods)
 
 
 def model_config(name: str, layers: int | None = None):
@@ -151,7 +167,7 @@ def build_model(config, case: str, device: str):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    scheme = case.split(":")[0]
+    scheme, mods = parse_case(case)
     if scheme in QFUSE_CASES:
         import qfuse
 
@@ -164,8 +180,10 @@ def build_model(config, case: str, device: str):
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
         quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_torchao_filter)
-    elif scheme != "bf16":
-        raise ValueError(f"unknown case {case!r}; choose from bf16, {', '.join(QFUSE_CASES + TORCHAO_CASES)} (':nopasses' for qfuse)")
+    if "attn" in mods:
+        import qfuse
+
+        qfuse.use_decode_attention(model)
     return model
 
 
@@ -214,8 +232,9 @@ class PrefillStep:
 def compile_step(step, case: str):
     import qfuse
 
-    if case.split(":")[0] in QFUSE_CASES:
-        return qfuse.compile(step, passes=not case.endswith(":nopasses"), fullgraph=True, dynamic=False)
+    scheme, mods = parse_case(case)
+    if scheme in QFUSE_CASES:
+        return qfuse.compile(step, passes="nopasses" not in mods, fullgraph=True, dynamic=False)
     return torch.compile(step, fullgraph=True, dynamic=False)
 
 
@@ -405,7 +424,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="qfuse bench model", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="llama3-8b")
     ap.add_argument("--layers", type=int, help="decoder layers (default: the model's; mixtral-8x7b: 4 of its 32)")
-    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), help="bf16, qfuse schemes (SCHEME:nopasses), torchao-int4, torchao-int8dq")
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        default=list(DEFAULT_CASES),
+        help="bf16, qfuse schemes (SCHEME:nopasses), torchao-int4, torchao-int8dq; CASE:attn for qfuse's decode attention",
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--eager-batches", type=int, nargs="*", default=[1, 16], help="batches also timed in eager mode")
     ap.add_argument("--context", type=int, default=1024, help="cached tokens each decode step attends to")

@@ -235,7 +235,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="qfuse bench profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="llama3-8b")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (the per-layer kernels are the same in each)")
-    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), help=f"bf16, {', '.join(QFUSE_CASES)} (SCHEME:nopasses), torchao-int4")
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        default=list(DEFAULT_CASES),
+        help=f"bf16, {', '.join(QFUSE_CASES)} (SCHEME:nopasses), torchao-int4; CASE:attn for qfuse's decode attention",
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5, help="steps profiled")

@@ -39,6 +39,31 @@ def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, capsys):
     assert "W9A9: FAILED" in capsys.readouterr().out
 
 
+def test_attn_cases_run_qfuse_decode_attention(tmp_path):
+    out = tmp_path / "out"
+    cases = ["bf16", "bf16:attn", "W4A16:attn"]
+    args = ["--model", "tiny", "--device", "cpu", "--cases", *cases, "--batches", "2", "--eager-batches", "2", "--context", "16"]
+    assert bench_model.main(args + ["--no-compile", "--steps", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [r["case"] for r in rows] == cases and all(float(r["x_bf16"]) > 0 for r in rows)
+    model = bench_model.build_model(bench_model.model_config("tiny"), "W8A8:nopasses:attn", "cpu")
+    assert model.config._attn_implementation == "qfuse_decode"
+
+
+@pytest.mark.parametrize(
+    "case, parsed",
+    [("bf16", ("bf16", set())), ("W8A8:nopasses:attn", ("W8A8", {"nopasses", "attn"})), ("torchao-int4:attn", ("torchao-int4", {"attn"}))],
+)
+def test_parse_case(case, parsed):
+    assert bench_model.parse_case(case) == (parsed[0], frozenset(parsed[1]))
+
+
+@pytest.mark.parametrize("case", ["W9A9", "W4A16:fast", "bf16:nopasses"])
+def test_parse_case_refuses(case):
+    with pytest.raises(ValueError, match="unknown case"):
+        bench_model.parse_case(case)
+
+
 @pytest.mark.parametrize("name", ["llama3-8b", "qwen2-7b", "mixtral-8x7b"])
 def test_published_shapes(name):
     config = bench_model.model_config(name, layers=2)
