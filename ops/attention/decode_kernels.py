@@ -4,7 +4,7 @@ with the query heads of each KV head packed as the rows of one tile.
 Grid ``(B * Hkv, row blocks, splits)``. A program takes ``BLOCK_M`` packed rows of one KV head
 (row ``r = g * L + l``: query head ``kvh * G + g``, query token ``l``), walks its share of the
 key blocks with the online softmax of flash attention, and either writes the normalized output
-(one split) or its partial ``(acc, m, l)`` for ``_combine_splits_kernel`` to merge. Each K / V
+(one split) or its partial ``(acc, m, l)`` for ``_decode_attention_combine_kernel`` to merge. Each K / V
 block is read once per program for all G heads: Hugging Face's path first copies K and V G
 times (``repeat_kv``), which on the H200 took 92 of the 170 us of attention per Llama-3-8B
 layer at batch 16, context 1024 (BENCHMARKS "Where the time goes").
@@ -127,7 +127,7 @@ def _decode_attention_kernel(
 
 
 @triton.jit
-def _combine_splits_kernel(
+def _decode_attention_combine_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr,
     Hkv, G, L, D, n_splits, n_parts, so_b, so_h, so_l,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr,
@@ -230,7 +230,7 @@ def decode_attention_triton(
         )  # fmt: skip
         if not direct:
             launch(
-                _combine_splits_kernel,
+                _decode_attention_combine_kernel,
                 (B * Hkv, row_blocks),
                 part_acc, part_ml, out,
                 Hkv, G, L, D, splits, B * Hkv * splits * R,

@@ -26,6 +26,8 @@ from qfuse.bench.profile import category
         ("_rms_norm_kernel", "qfuse norm"),
         ("_quant_per_token_kernel", "qfuse quant"),
         ("_silu_and_mul_kernel", "qfuse act"),
+        ("_decode_attention_kernel", "attention"),  # qfuse::decode_attention, both launches
+        ("_decode_attention_combine_kernel", "attention"),
         ("nvjet_tst_128x8_64x12_4x1_v_bz_TNT", "cuBLAS GEMM"),
         ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, __nv_bfloat16>", "cuBLAS GEMM"),
         ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
