@@ -120,22 +120,30 @@ MODELS = {  # architecture, config fields (the published shapes; weights are ran
 QFUSE_CASES = ("W4A16", "W8A16", "W8A8", "W4A8", "W4A8_G128")
 TORCHAO_CASES = ("torchao-int4", "torchao-int8dq")
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao-int4")
-# case modifiers: ``nopasses`` (qfuse schemes: compiled without the fusion passes), ``attn``
-# (any case: attention through qfuse::decode_attention, ``qfuse.use_decode_attention``)
-MODIFIERS = ("nopasses", "attn")
+# case modifiers: ``attn`` (any case: attention through qfuse::decode_attention,
+# ``qfuse.use_decode_attention``); for qfuse schemes also ``nopasses`` (compiled without the
+# fusion passes) and ``lm_head=W8A16`` / ``lm_head=W4A16`` (the output head quantized too)
+MODIFIERS = ("nopasses", "attn", "lm_head=W8A16", "lm_head=W4A16")
 
 
 def parse_case(case: str) -> tuple[str, frozenset[str]]:
     """``"W8A8:nopasses:attn"`` -> ``("W8A8", {"nopasses", "attn"})``; unknown parts raise."""
     scheme, *mods = case.split(":")
     known = ("bf16", *QFUSE_CASES, *TORCHAO_CASES)
-    bad = [m for m in mods if m not in MODIFIERS]
-    if scheme not in known or bad or ("nopasses" in mods and scheme not in QFUSE_CASES):
+    bad = [m for m in mods if m not in MODIFIERS or (m != "attn" and scheme not in QFUSE_CASES)]
+    if scheme not in known or bad:
         raise ValueError(
             f"unknown case {case!r}; choose from {', '.join(known)}, followed by ':attn' (qfuse's decode attention) "
-            "and, for qfuse schemes, ':nopasses'"
+            "and, for qfuse schemes, ':nopasses' or ':lm_head=W8A16' / ':lm_head=W4A16'"
         )
     return scheme, frozenset(mods)
+
+
+def _lm_head_scheme(mods: frozenset[str]) -> str | None:
+    heads = [m.split("=", 1)[1] for m in mods if m.startswith("lm_head=")]
+    if len(heads) > 1:
+        raise ValueError(f"one lm_head scheme per case, got {sorted(heads)}")
+    return heads[0] if heads else None
 
 
 def model_config(name: str, layers: int | None = None):
@@ -171,7 +179,7 @@ def build_model(config, case: str, device: str):
     if scheme in QFUSE_CASES:
         import qfuse
 
-        qfuse.quantize_model(model, scheme, progress=False)
+        qfuse.quantize_model(model, scheme, progress=False, lm_head=_lm_head_scheme(mods))
     elif scheme == "torchao-int4":
         from torchao.quantization import Int4WeightOnlyConfig, quantize_
 

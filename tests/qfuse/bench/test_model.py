@@ -46,19 +46,25 @@ def test_attn_cases_run_qfuse_decode_attention(tmp_path):
     assert bench_model.main(args + ["--no-compile", "--steps", "1", "--out", str(out)]) == 0
     rows = list(csv.DictReader((out / "model.csv").open()))
     assert [r["case"] for r in rows] == cases and all(float(r["x_bf16"]) > 0 for r in rows)
-    model = bench_model.build_model(bench_model.model_config("tiny"), "W8A8:nopasses:attn", "cpu")
+    model = bench_model.build_model(bench_model.model_config("tiny"), "W8A8:nopasses:attn:lm_head=W8A16", "cpu")
     assert model.config._attn_implementation == "qfuse_decode"
+    assert type(model.lm_head).__name__ == "QuantLinear" and model.lm_head.scheme.name == "W8A16"
 
 
 @pytest.mark.parametrize(
     "case, parsed",
-    [("bf16", ("bf16", set())), ("W8A8:nopasses:attn", ("W8A8", {"nopasses", "attn"})), ("torchao-int4:attn", ("torchao-int4", {"attn"}))],
+    [
+        ("bf16", ("bf16", set())),
+        ("W8A8:nopasses:attn", ("W8A8", {"nopasses", "attn"})),
+        ("torchao-int4:attn", ("torchao-int4", {"attn"})),
+        ("W4A16:attn:lm_head=W8A16", ("W4A16", {"attn", "lm_head=W8A16"})),
+    ],
 )
 def test_parse_case(case, parsed):
     assert bench_model.parse_case(case) == (parsed[0], frozenset(parsed[1]))
 
 
-@pytest.mark.parametrize("case", ["W9A9", "W4A16:fast", "bf16:nopasses"])
+@pytest.mark.parametrize("case", ["W9A9", "W4A16:fast", "bf16:nopasses", "bf16:lm_head=W8A16", "W4A16:lm_head=W2A16"])
 def test_parse_case_refuses(case):
     with pytest.raises(ValueError, match="unknown case"):
         bench_model.parse_case(case)
