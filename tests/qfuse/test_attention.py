@@ -133,7 +133,8 @@ NEAR_TIE = 1.0  # as tests/qfuse/test_compile.py: eight bf16 steps at |logit| 16
 
 def test_smollm2_generates_sdpas_tokens(smollm2):
     """The real SmolLM2-135M (9 query heads on 3 KV heads), quantized W4A16: the same greedy tokens
-    as with SDPA up to the first step where SDPA's two best logits lie within NEAR_TIE."""
+    as with SDPA, eager and with ``qfuse.compile``'s compiled decode steps, up to the first step
+    where SDPA's two best logits lie within NEAR_TIE."""
     float_model, tok = smollm2
     model = qfuse.models.cast_float_model(copy.deepcopy(float_model), torch.bfloat16)
     qfuse.quantize_model(model, "W4A16", progress=False)
@@ -145,6 +146,7 @@ def test_smollm2_generates_sdpas_tokens(smollm2):
         use_decode_attention(model)
         with _CountOp() as counter:
             got = model.generate(ids, **kwargs)[0, ids.shape[1] :]
+        compiled = qfuse.compile(model).generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]
     assert counter.calls == 7 * model.config.num_hidden_layers  # the 7 decode steps after the prefill
     new = sdpa.sequences[0, ids.shape[1] :]
     assert "Paris" in tok.decode(new)
@@ -153,3 +155,4 @@ def test_smollm2_generates_sdpas_tokens(smollm2):
     same = tied[0] if tied else len(new)
     assert same >= 5, f"SDPA's logits nearly tie at step {same}: the test prompt no longer tells anything"
     assert torch.equal(got[:same], new[:same]), (tok.decode(new), tok.decode(got))
+    assert torch.equal(compiled[:same], new[:same]), (tok.decode(new), tok.decode(compiled))
