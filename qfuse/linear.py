@@ -71,6 +71,52 @@ class QuantLinear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().to(w.dtype).clone()
         return cls(k, n, scheme, tensors, bias)
 
+    def _per_row(self, name: str) -> bool:
+        """Whether buffer ``name`` holds one row per output channel (codes, scales, zero points, bias);
+        the others (``act_perm``, ``input_scale``, a per-tensor weight scale ``[1]``) serve every row."""
+        b = self._buffers[name]
+        return b is not None and name not in ("act_perm", "input_scale") and b.dim() >= 1 and b.shape[0] == self.out_features
+
+    def rows(self, start: int, stop: int) -> "QuantLinear":
+        """Output channels ``start:stop`` as a QuantLinear of the same scheme, views of this one's buffers."""
+        if not 0 <= start < stop <= self.out_features:
+            raise IndexError(f"QuantLinear.rows: [{start}, {stop}) outside its {self.out_features} output features")
+        sliced = {n: b[start:stop] if self._per_row(n) else b for n, b in self._buffers.items()}
+        bias, act_perm = sliced.pop("bias"), sliced.pop("act_perm")
+        return QuantLinear(self.in_features, stop - start, self.scheme, sliced, bias, act_perm)
+
+    @classmethod
+    def concat(cls, layers: list["QuantLinear"]) -> "QuantLinear":
+        """One QuantLinear whose output is the layers' outputs side by side (``torch.cat(..., -1)``),
+        bit for bit: their per-row buffers stacked along the output channels. The layers must share
+        scheme, input features, input permutation and static input scale. A per-tensor weight scale
+        is repeated per channel where the layers' differ (the same value on each row: exact); a
+        missing bias is zeros where another layer has one."""
+        first = layers[0]
+        for lay in layers[1:]:
+            if lay.scheme != first.scheme or lay.in_features != first.in_features:
+                raise ValueError(
+                    f"QuantLinear.concat: {lay.scheme.name} with {lay.in_features} inputs against {first.scheme.name} with {first.in_features}"
+                )
+            for n in ("act_perm", "input_scale"):
+                a, b = first._buffers.get(n), lay._buffers.get(n)
+                if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
+                    raise ValueError(f"QuantLinear.concat: the layers' {n} differ")
+        tensors: dict[str, Tensor | None] = {}
+        for n, b in first._buffers.items():
+            parts = [lay._buffers[n] for lay in layers]
+            if n in ("act_perm", "input_scale") or all(p is None for p in parts):
+                tensors[n] = None if b is None else b.clone()
+            elif n == "bias":
+                ref = next(p for p in parts if p is not None)
+                tensors[n] = torch.cat([ref.new_zeros(lay.out_features) if p is None else p for p, lay in zip(parts, layers)])
+            elif not any(lay._per_row(n) for lay in layers) and all(torch.equal(p, b) for p in parts):
+                tensors[n] = b.clone()  # one per-tensor scale for all
+            else:
+                tensors[n] = torch.cat([p if lay._per_row(n) else p.expand(lay.out_features, *p.shape[1:]) for p, lay in zip(parts, layers)])
+        bias, act_perm = tensors.pop("bias"), tensors.pop("act_perm")
+        return cls(first.in_features, sum(lay.out_features for lay in layers), first.scheme, tensors, bias, act_perm)
+
     def forward(self, x: Tensor) -> Tensor:
         if replayable(x):
             return graphs_of(self)(self._forward, tuple(self._buffers.values()), x)
