@@ -26,6 +26,7 @@ from .attention import use_decode_attention  # noqa: E402
 from .checkpoint import from_pretrained, load_quantized, save_quantized  # noqa: E402
 from .compile import compile, compile_config, inductor_options  # noqa: E402,A004  (imports qfuse.passes lazily)
 from .formats import CheckpointError  # noqa: E402
+from .fused_projections import fuse_projections, unfuse_projections  # noqa: E402
 from .linear import QuantLinear  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
 from .quantize_model import quantize_model  # noqa: E402
@@ -40,12 +41,14 @@ __all__ = [
     "compile",
     "compile_config",
     "from_pretrained",
+    "fuse_projections",
     "get_scheme",
     "inductor_options",
     "load_quantized",
     "ops",
     "quantize_model",
     "save_quantized",
+    "unfuse_projections",
     "use_decode_attention",
 ]
 __version__ = "0.1.0"

@@ -32,6 +32,7 @@ from .formats import CheckpointError, open_checkpoint, quantization_config
 from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
 from .formats.compressed_tensors import NAME as CT_NAME
 from .formats.files import write_safetensors
+from .fused_projections import member_layers
 from .linear import QuantLinear
 from .moe import QuantExperts, QuantMoE
 from .norm import RMSNorm, is_convertible_rmsnorm
@@ -284,13 +285,17 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     """
     path = Path(path)
     sites = moe_sites(model)
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    # projections stacked by fuse_projections are written as their members, under the members' names
+    members, stacked = member_layers(model)
+    layers = {n: members.get(n, m) for n, m in model.named_modules() if n not in stacked and isinstance(members.get(n, m), QuantLinear)}
+    float_members = {n: m for n, m in members.items() if not isinstance(m, QuantLinear)}
     quantized_moes = [s for s in sites if isinstance(s.module, QuantMoE) and s.module.experts.scheme is not None]
     if not layers and not quantized_moes:
         raise ValueError(
             "save_quantized: the model has no qfuse.QuantLinear layers or quantized QuantMoE experts; quantize it first (qfuse.quantize_model)"
         )
     to_disk = renamer(sites, to_disk=True)
+    member_names = {to_disk(n) for n in members}
     entries = [(to_disk(n), m, False) for n, m in layers.items()]
     for site in quantized_moes:
         for e in range(site.num_experts):
@@ -300,18 +305,20 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     extension, extension_groups = [], {}
     for name, layer, expert in tqdm(entries, desc="qfuse save", unit="layer", disable=not progress):
         entry, local, ext = layer_to_ct(layer)
-        if expert:  # views of the stacked expert buffers: safetensors refuses tensors that share memory
+        if expert or name in member_names:  # views of stacked buffers: safetensors refuses tensors that share memory
             local = {k: v.clone() if v._base is not None else v for k, v in local.items()}
         key = json.dumps(entry, sort_keys=True)
         groups.setdefault(key, {**entry, "targets": []})["targets"].append(name)
         tensors.update({f"{name}.{k}": v for k, v in local.items()})
         if layer.bias is not None:
-            tensors[f"{name}.bias"] = layer.bias
+            tensors[f"{name}.bias"] = layer.bias.clone() if layer.bias._base is not None else layer.bias
         if ext:
             extension.append(name)
             if layer.scheme.group_size != 128:  # a layer of K not a multiple of 128 (quantize_model's group fallback)
                 extension_groups[name] = layer.scheme.group_size
-    prefixes = tuple(f"{n}." for n in layers) + tuple(f"{s.name}.experts." for s in sites)
+    prefixes = tuple(f"{n}." for n in [*layers, *stacked]) + tuple(f"{s.name}.experts." for s in sites)
+    for name, lin in float_members.items():
+        tensors.update({f"{to_disk(name)}.{k}": v for k, v in lin.state_dict().items()})
     seen = set()
     for name, t in model.state_dict().items():
         if name.startswith(prefixes):
@@ -332,7 +339,8 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
             for j, w in enumerate((gate_up[e, :i], gate_up[e, i:], down[e])):
                 float_experts.append(site.expert(e, j))
                 tensors[f"{float_experts[-1]}.weight"] = w.detach().clone()
-    float_linears = {to_disk(n) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    float_linears = {to_disk(n) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in stacked}
+    float_linears |= {to_disk(n) for n in float_members}
     # the routers stay float (they are nn.Linear layers in transformers 4 models)
     routers = {".".join(p for p in (s.disk, "gate") if p) for s in sites}
     float_linears = sorted(float_linears | routers | set(float_experts))

@@ -18,6 +18,7 @@ from .calibration.grid import WeightGrid
 from .calibration.pipeline import LayerCalibrator
 from .calibration.recipe import check_recipe, parse_recipe
 from .eager_graphs import graph_blocks
+from .fused_projections import ProjectionSlice
 from .linear import QuantLinear, check_quantizable
 from .moe import QuantMoE, sparse_moe_blocks
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
@@ -58,6 +59,11 @@ def _refuse_quantized(model: nn.Module) -> None:
     """A model holding QuantLinears was quantized before. Quantizing the rest silently
     would leave the model with the old scheme; requantizing would quantize rounded
     weights a second time. Neither is what a second call means."""
+    if any(isinstance(m, ProjectionSlice) for m in model.modules()):
+        raise ValueError(
+            "model has projections stacked by qfuse.fuse_projections; quantize the unfused model "
+            "(qfuse.unfuse_projections(model) first) and fuse after quantize_model"
+        )
     schemes = Counter(m.scheme.name for m in model.modules() if isinstance(m, QuantLinear))
     if schemes:
         found = ", ".join(f"{n} {s}" for s, n in sorted(schemes.items()))
