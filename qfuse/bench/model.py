@@ -121,20 +121,25 @@ QFUSE_CASES = ("W4A16", "W8A16", "W8A8", "W4A8", "W4A8_G128")
 TORCHAO_CASES = ("torchao-int4", "torchao-int8dq")
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao-int4")
 # case modifiers: ``attn`` (any case: attention through qfuse::decode_attention,
-# ``qfuse.use_decode_attention``); for qfuse schemes also ``nopasses`` (compiled without the
-# fusion passes) and ``lm_head=W8A16`` / ``lm_head=W4A16`` (the output head quantized too)
-MODIFIERS = ("nopasses", "attn", "lm_head=W8A16", "lm_head=W4A16")
+# ``qfuse.use_decode_attention``); ``fuse`` (bf16 and qfuse cases: q/k/v and gate/up stacked,
+# ``qfuse.fuse_projections``); for qfuse schemes also ``nopasses`` (compiled without the fusion
+# passes) and ``lm_head=W8A16`` / ``lm_head=W4A16`` (the output head quantized too)
+MODIFIERS = ("nopasses", "attn", "fuse", "lm_head=W8A16", "lm_head=W4A16")
 
 
 def parse_case(case: str) -> tuple[str, frozenset[str]]:
     """``"W8A8:nopasses:attn"`` -> ``("W8A8", {"nopasses", "attn"})``; unknown parts raise."""
     scheme, *mods = case.split(":")
     known = ("bf16", *QFUSE_CASES, *TORCHAO_CASES)
-    bad = [m for m in mods if m not in MODIFIERS or (m != "attn" and scheme not in QFUSE_CASES)]
+    bad = [
+        m
+        for m in mods
+        if m not in MODIFIERS or (m not in ("attn", "fuse") and scheme not in QFUSE_CASES) or (m == "fuse" and scheme in TORCHAO_CASES)
+    ]
     if scheme not in known or bad:
         raise ValueError(
-            f"unknown case {case!r}; choose from {', '.join(known)}, followed by ':attn' (qfuse's decode attention) "
-            "and, for qfuse schemes, ':nopasses' or ':lm_head=W8A16' / ':lm_head=W4A16'"
+            f"unknown case {case!r}; choose from {', '.join(known)}, followed by ':attn' (qfuse's decode attention), "
+            "':fuse' (stacked projections; not torchao) and, for qfuse schemes, ':nopasses' or ':lm_head=W8A16' / ':lm_head=W4A16'"
         )
     return scheme, frozenset(mods)
 
@@ -188,9 +193,11 @@ def build_model(config, case: str, device: str):
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
         quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_torchao_filter)
-    if "attn" in mods:
-        import qfuse
+    import qfuse
 
+    if "fuse" in mods:
+        qfuse.fuse_projections(model)
+    if "attn" in mods:
         qfuse.use_decode_attention(model)
     return model
 

@@ -39,9 +39,9 @@ def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, capsys):
     assert "W9A9: FAILED" in capsys.readouterr().out
 
 
-def test_attn_cases_run_qfuse_decode_attention(tmp_path):
+def test_attn_and_fuse_cases(tmp_path):
     out = tmp_path / "out"
-    cases = ["bf16", "bf16:attn", "W4A16:attn"]
+    cases = ["bf16", "bf16:attn", "W4A16:attn", "bf16:fuse", "W4A16:attn:fuse"]
     args = ["--model", "tiny", "--device", "cpu", "--cases", *cases, "--batches", "2", "--eager-batches", "2", "--context", "16"]
     assert bench_model.main(args + ["--no-compile", "--steps", "1", "--out", str(out)]) == 0
     rows = list(csv.DictReader((out / "model.csv").open()))
@@ -49,6 +49,8 @@ def test_attn_cases_run_qfuse_decode_attention(tmp_path):
     model = bench_model.build_model(bench_model.model_config("tiny"), "W8A8:nopasses:attn:lm_head=W8A16", "cpu")
     assert model.config._attn_implementation == "qfuse_decode"
     assert type(model.lm_head).__name__ == "QuantLinear" and model.lm_head.scheme.name == "W8A16"
+    model = bench_model.build_model(bench_model.model_config("tiny"), "W4A16:fuse", "cpu")
+    assert hasattr(model.model.layers[0].self_attn, "qkv_proj") and hasattr(model.model.layers[0].mlp, "gate_up_proj")
 
 
 @pytest.mark.parametrize(
@@ -64,7 +66,7 @@ def test_parse_case(case, parsed):
     assert bench_model.parse_case(case) == (parsed[0], frozenset(parsed[1]))
 
 
-@pytest.mark.parametrize("case", ["W9A9", "W4A16:fast", "bf16:nopasses", "bf16:lm_head=W8A16", "W4A16:lm_head=W2A16"])
+@pytest.mark.parametrize("case", ["W9A9", "W4A16:fast", "bf16:nopasses", "bf16:lm_head=W8A16", "W4A16:lm_head=W2A16", "torchao-int4:fuse"])
 def test_parse_case_refuses(case):
     with pytest.raises(ValueError, match="unknown case"):
         bench_model.parse_case(case)
