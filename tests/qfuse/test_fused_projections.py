@@ -171,3 +171,24 @@ def test_quantize_model_refuses_a_fused_model_and_nothing_to_fuse_warns():
         qfuse.quantize_model(model, "W4A16", progress=False)
     with pytest.warns(UserWarning, match="no q/k/v or gate/up group"):
         qfuse.fuse_projections(nn.Sequential(nn.Linear(4, 4)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["W8A8", "W4A16"])
+def test_gpu_fused_model_eager_replays_and_compiled(scheme):
+    """On CUDA: the fused model's eager calls (stacked layers and MLP blocks replayed as CUDA graphs
+    from the second call of a shape) and its compiled step against the unfused model."""
+    model = qfuse.quantize_model(tiny_hf_model("llama").cuda(), scheme, progress=False)
+    ids = torch.randint(0, 256, (16, 1), device="cuda")
+    with torch.inference_mode():
+        want = model(ids).logits
+        qfuse.fuse_projections(model)
+        calls = [model(ids).logits for _ in range(3)]  # plain, captured, replayed
+        assert all(torch.equal(c, calls[0]) for c in calls)
+        if _exact(scheme):
+            assert torch.equal(calls[0], want)
+        else:
+            torch.testing.assert_close(calls[0], want, rtol=2e-2, atol=2e-2)
+        torch._dynamo.reset()
+        compiled = qfuse.compile(model, fullgraph=True)(ids).logits
+    torch.testing.assert_close(compiled, want, rtol=2e-2, atol=2e-2)
