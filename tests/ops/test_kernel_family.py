@@ -137,7 +137,7 @@ def test_int8_kernel_modules_import_only_downward():
 
 def test_ops_layout_one_subpackage_per_op_family():
     """ops/: the op modules and shared helpers at the top, each op family's kernels in its subpackage."""
-    assert {p.name for p in OPS.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == {"wna16", "int8", "activation", "moe"}
+    assert {p.name for p in OPS.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == {"wna16", "int8", "activation", "moe", "attention"}
     from qfuse.ops.moe import dispatch as moe_dispatch
 
     for registry, pkg in ((wna16_dispatch.REGISTRY, "wna16"), (int8_dispatch.REGISTRY, "int8"), (moe_dispatch.REGISTRY, "moe")):
