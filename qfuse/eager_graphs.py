@@ -170,8 +170,20 @@ class EagerGraphs:
         self._graphs: dict[tuple, _Graph] = {}
         self._seen: set[tuple] = set()
         self._weights: tuple = ()
+        # Threads that share a stream (a server's default stream) would otherwise copy into one
+        # graph's inputs between another thread's copy and replay, and the replay would compute the
+        # other's input (tests/qfuse/test_eager_graphs.py). Held from the input copy to the output
+        # clone being enqueued, and through a capture; not around a first plain call.
+        self._mutex = threading.Lock()
 
     def __call__(self, fn, weights: tuple, *inputs: Tensor) -> Tensor:
+        with self._mutex:
+            out = self._replay_or_capture(fn, weights, inputs)
+        return fn(*inputs) if out is None else out
+
+    def _replay_or_capture(self, fn, weights: tuple, inputs: tuple[Tensor, ...]) -> Tensor | None:
+        """The output from a replay (capturing first where the shape was seen before), or None
+        where the call is to run plainly."""
         sig = tuple(0 if w is None else w.data_ptr() for w in weights)
         if sig != self._weights:  # moved, reloaded or replaced: the graphs point at the old memory
             self.clear()
@@ -193,11 +205,11 @@ class EagerGraphs:
             return entry.output.clone()
         if key not in self._seen:  # first sight of this shape: a plain call (it compiles and picks configs)
             self._seen.add(key)
-            return fn(*inputs)
+            return None
         if len(self._graphs) >= MAX_GRAPHS:
             self.clear()
         if _failed:
-            return fn(*inputs)
+            return None
         try:
             entry = self._capture(fn, inputs, stream)
         except Exception as e:  # an op that cannot be captured (a host sync): plain calls from now on
@@ -205,9 +217,9 @@ class EagerGraphs:
             warnings.warn(
                 f"qfuse: an eager call could not be captured as a CUDA graph ({type(e).__name__}: {e}); "
                 "eager calls run as plain op calls from now on",
-                stacklevel=3,
+                stacklevel=4,
             )
-            return fn(*inputs)
+            return None
         self._graphs[key] = entry
         return entry.output.clone()
 

@@ -126,3 +126,33 @@ def test_mlp_blocks_get_a_graphed_forward_that_copies_and_pickles_with_them():
         twin.model.layers[0].mlp.down_proj.scales.mul_(2)  # the copy's own weights
         assert torch.equal(model(ids, use_cache=False).logits, ref) and torch.equal(loaded(ids, use_cache=False).logits, ref)
         assert not torch.equal(twin(ids, use_cache=False).logits, ref)
+
+
+def test_threads_sharing_a_stream_get_their_own_results(recorder):
+    """Two threads on one stream (a server's default stream) must not copy into the same graph's
+    inputs between the other's copy and replay: the replay would compute the other's input."""
+    import threading
+    import time
+
+    graphs, w = EagerGraphs(), torch.randn(4)
+
+    def slow_double(x):  # the graph's kernels: they read the static input some time after the copy
+        time.sleep(0.002)
+        return x * 2
+
+    graphs(slow_double, (w,), torch.zeros(4))  # plain call
+    graphs(slow_double, (w,), torch.zeros(4))  # capture
+    wrong = []
+
+    def worker(i):
+        for j in range(20):
+            x = torch.full((4,), float(100 * i + j))
+            if not torch.equal(graphs(slow_double, (w,), x), x * 2):
+                wrong.append((i, j))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of 80 calls returned another thread's result"
