@@ -117,3 +117,28 @@ def test_decoder_logits_with_and_without_graphs(scheme, monkeypatch):
     assert (len(graphs_of(layer.mlp)), len(graphs_of(layer.mlp.down_proj)), len(graphs_of(layer.self_attn.q_proj))) == (1, 0, 1)
     assert len(graphs_of(layer.input_layernorm)) == 1
     assert all(torch.equal(o, ref) for o in outs)
+
+
+def test_threads_on_one_stream_get_their_own_results():
+    """Four threads calling one QuantLinear on the default stream: each output is its own input's."""
+    import threading
+
+    q = _linear(4096, 4096, "W4A16")
+    xs = [torch.randn(2, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    with torch.inference_mode():
+        want = [q._forward(x) for x in xs]
+        q(xs[0]), q(xs[0])  # plain, capture
+    wrong = []
+
+    def worker(i):
+        with torch.inference_mode():
+            for _ in range(50):
+                if not torch.equal(q(xs[i]), want[i]):
+                    wrong.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of 200 calls returned another thread's result"
