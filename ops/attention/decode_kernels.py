@@ -45,6 +45,17 @@ WAVES = 2
 
 
 @triton.jit
+def _packed_rows(Hkv, G, L, BLOCK_M: tl.constexpr):
+    """This program's batch, KV head and ``BLOCK_M`` packed rows (grid axes 0 and 1): each row's
+    validity, query head and query token (row ``r = g * L + l``)."""
+    bh = tl.program_id(0)
+    b = (bh // Hkv).to(tl.int64)
+    kvh = (bh % Hkv).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return b, kvh, rows, rows < G * L, kvh * G + rows // L, rows % L
+
+
+@triton.jit
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     Hkv, G, L, S, D, n_splits, blocks_per_split, scale_log2e,
@@ -56,17 +67,9 @@ def _decode_attention_kernel(
 ):  # fmt: skip
     DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     bh = tl.program_id(0)
-    row_block = tl.program_id(1)
     split = tl.program_id(2)
-    b = (bh // Hkv).to(tl.int64)
-    kvh = (bh % Hkv).to(tl.int64)
     R = G * L
-
-    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < R
-    g = rows // L
-    lq = rows % L
-    head = kvh * G + g
+    b, kvh, rows, row_ok, head, lq = _packed_rows(Hkv, G, L, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     q = tl.load(
@@ -134,12 +137,8 @@ def _decode_attention_combine_kernel(
 ):  # fmt: skip
     """out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), M the running max over splits."""
     bh = tl.program_id(0)
-    row_block = tl.program_id(1)
-    b = (bh // Hkv).to(tl.int64)
-    kvh = (bh % Hkv).to(tl.int64)
     R = G * L
-    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < R
+    b, kvh, rows, row_ok, head, lq = _packed_rows(Hkv, G, L, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     tile_ok = row_ok[:, None] & (d < D)[None, :]
 
@@ -159,8 +158,6 @@ def _decode_attention_combine_kernel(
         m_run = m_new
 
     out = acc / tl.where(l_run > 0.0, l_run, 1.0)[:, None]
-    head = kvh * G + rows // L
-    lq = rows % L
     tl.store(
         out_ptr + b * so_b + head[:, None] * so_h + lq[:, None] * so_l + d[None, :],
         to_act_dtype(out, out_ptr.dtype.element_ty, INTERPRET),
