@@ -443,7 +443,8 @@ def main(argv=None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="bf16, qfuse schemes (SCHEME:nopasses), torchao-int4, torchao-int8dq; CASE:attn for qfuse's decode attention",
+        help="bf16, qfuse schemes, torchao-int4, torchao-int8dq; modifiers: CASE:attn (qfuse's decode attention), CASE:fuse "
+        "(stacked projections; bf16 and qfuse), SCHEME:nopasses, SCHEME:lm_head=W8A16 / W4A16",
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--eager-batches", type=int, nargs="*", default=[1, 16], help="batches also timed in eager mode")
