@@ -239,7 +239,7 @@ def main(argv=None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help=f"bf16, {', '.join(QFUSE_CASES)} (SCHEME:nopasses), torchao-int4; CASE:attn for qfuse's decode attention",
+        help=f"bf16, {', '.join(QFUSE_CASES)} (SCHEME:nopasses), torchao-int4; modifiers as bench model's (CASE:attn, CASE:fuse, ...)",
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--context", type=int, default=1024)
