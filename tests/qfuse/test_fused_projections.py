@@ -192,3 +192,23 @@ def test_gpu_fused_model_eager_replays_and_compiled(scheme):
         torch._dynamo.reset()
         compiled = qfuse.compile(model, fullgraph=True)(ids).logits
     torch.testing.assert_close(compiled, want, rtol=2e-2, atol=2e-2)
+
+
+def test_fusion_passes_fire_on_a_fused_int8_model():
+    """W8A8: the norm / SiLU-and-mul quantizations fold as in the unfused model; the quantizations
+    that dedup_quant merged there (q, k, v and gate, up each quantizing one input) are one each now."""
+    from qfuse.passes import counters, reset_counters
+
+    fired = {}
+    for fuse in (False, True):
+        model = qfuse.quantize_model(tiny_hf_model("llama"), "W8A8", progress=False)
+        if fuse:
+            qfuse.fuse_projections(model)
+        torch._dynamo.reset()
+        reset_counters()
+        with torch.inference_mode(), torch._inductor.config.patch(force_disable_caches=True):
+            qfuse.compile(model, fullgraph=True)(torch.randint(0, 256, (2, 4)))
+        fired[fuse] = dict(counters)
+    layers = 2
+    assert fired[False].pop("dedup_quant") == 3 * layers and "dedup_quant" not in fired[True]
+    assert fired[True] == fired[False] and fired[True]["add_rms_norm_quant"] == 2 * layers - 1
