@@ -142,7 +142,19 @@ def nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]) -> dic
     """The stored pick (user cache or shipped table, as loaded) for the shape nearest to ``key``'s
     ``(N, K)`` with the same M bucket and the same remaining fields, among ``candidates`` only;
     None if there is none. Distance: ``|log2 N'/N| + 2 |log2 K'/K|`` (K sets the split-K and
-    the tile loop, so it weighs double)."""
+    the tile loop, so it weighs double).
+
+    A pick with ``BLOCK_N`` and ``SPLIT_K`` is taken with the offered ``SPLIT_K`` that keeps its
+    program count (``ceil(N / BLOCK_N) * SPLIT_K``) nearest to what it had on its own shape: the
+    170 shipped W4A16 / W8A16 H200 picks at M 1-64 run 96-3584 programs on the 132 SMs, while the
+    28672 x 4096 pick (SPLIT_K 1) taken as it was for a 1024 x 4096 layer at M = 16 (Llama-3-8B's
+    k / v projections in ``qfuse bench model``, QFUSE_AUTOTUNE=0) ran 8."""
+    found = nearest_stored_entry(op, gpu, key, candidates)
+    return None if found is None else found[0]
+
+
+def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) -> tuple[dict, tuple[int, int]] | None:
+    """:func:`nearest_stored`'s pick with the ``(N, K)`` it was stored for."""
     if len(key) < 3 or not all(isinstance(v, int) and v > 0 for v in key[1:3]):
         return None
     prefix = f"{op}|{gpu}|{key[0]}|"
@@ -152,12 +164,29 @@ def nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]) -> dic
         if not entry.startswith(prefix):
             continue
         n, k, *others = entry[len(prefix) :].split("|")
-        if others != rest or cfg not in candidates:
+        if others != rest:
+            continue
+        pick = _same_programs(cfg, int(n), key[1], candidates)
+        if pick is None:
             continue
         d = abs(math.log2(int(n) / key[1])) + 2 * abs(math.log2(int(k) / key[2]))
         if d < best_d:
-            best, best_d = cfg, d
+            best, best_d = (pick, (int(n), int(k))), d
     return best
+
+
+def _same_programs(cfg: dict, stored_n: int, n: int, candidates: list[dict]) -> dict | None:
+    """``cfg`` (stored for ``stored_n`` output features) as offered for ``n``: the offered config that
+    differs from it at most in ``SPLIT_K``, with the program count nearest to ``cfg``'s on its
+    shape; ``cfg`` itself if offered and it has no split; None if no such config is offered."""
+    if "BLOCK_N" not in cfg or "SPLIT_K" not in cfg:
+        return cfg if cfg in candidates else None
+    rest = {f: v for f, v in cfg.items() if f != "SPLIT_K"}
+    variants = [c for c in candidates if {f: v for f, v in c.items() if f != "SPLIT_K"} == rest]
+    if not variants:
+        return None
+    want = cfg["SPLIT_K"] * math.ceil(stored_n / cfg["BLOCK_N"]) / math.ceil(n / cfg["BLOCK_N"])
+    return min(variants, key=lambda c: (abs(math.log2(c.get("SPLIT_K", 1) / want)), c.get("SPLIT_K", 1)))
 
 
 def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:

@@ -92,6 +92,17 @@ def test_shipped_int8_picks_are_not_opt_in(name):
     assert not opt_in, opt_in
 
 
+def test_nearest_stored_pick_keeps_its_program_count(fresh_cache):
+    """A pick with BLOCK_N and SPLIT_K comes with the offered split that keeps its programs: 4096 rows
+    in 32 tiles x 4 splits = 128 programs; 1024 rows (8 tiles) want 16 splits, 2048 rows 8."""
+    _autotune._memory["op|G|16|4096|4096|128"] = {"BLOCK_N": 128, "SPLIT_K": 4, "w": 8}
+    offered = [{"BLOCK_N": 128, "SPLIT_K": s, "w": w} for w in (4, 8) for s in (1, 2, 8, 16)]
+    assert _autotune.nearest_stored("op", "G", (16, 1024, 4096, 128), offered) == {"BLOCK_N": 128, "SPLIT_K": 16, "w": 8}
+    assert _autotune.nearest_stored("op", "G", (16, 2048, 4096, 128), offered) == {"BLOCK_N": 128, "SPLIT_K": 8, "w": 8}
+    assert _autotune.nearest_stored("op", "G", (16, 16384, 4096, 128), offered) == {"BLOCK_N": 128, "SPLIT_K": 1, "w": 8}
+    assert _autotune.nearest_stored("op", "G", (16, 1024, 4096, 128), [{"BLOCK_N": 64, "SPLIT_K": 4, "w": 8}]) is None
+
+
 def test_nearest_stored_pick_of_the_same_m_bucket_and_kind(fresh_cache):
     _autotune._memory.update(
         {
