@@ -65,7 +65,7 @@ def explain(
     moe: tuple[int, int] | None = None,
 ) -> str:
     """The report ``qfuse kernels --explain`` prints; ``moe=(E, top_k)``: for ``fused_moe`` (N = I, K = H)."""
-    from ..ops._autotune import lookup
+    from ..ops._autotune import _TUNED_DIR, _load, _lock, cache_path, lookup, nearest_stored_entry
     from ..ops.int8 import dispatch as int8_dispatch
     from ..ops.wna16 import dispatch as wna16_dispatch
 
@@ -113,12 +113,20 @@ def explain(
         lines.append(f"  {v.family:<{width}}  {verdict:<8}  {v.configs:>7}  {v.offered:>7}  {v.reason}")
     lines.append("")
     hit = lookup(op, key, gpu)
+    nearest = None
     if hit is not None:
         cfg, source = hit
     else:
         cfg, source = (offered[0] if offered else None), "the untuned heuristic (the first candidate); a first call on the GPU measures them"
+        with _lock:
+            _load(cache_path())
+            _load(_TUNED_DIR / f"{op}.{gpu}.json")
+            nearest = nearest_stored_entry(op, gpu, key, offered)
     lines.append(f"  picked: {cfg}")
     lines.append(f"  from:   {source}")
+    if nearest is not None:  # what pick_config runs where it does not measure
+        lines.append(f"  with QFUSE_AUTOTUNE=0 or under CUDA-graph capture: {nearest[0]}")
+        lines.append(f"          the stored pick of the nearest shape, N={nearest[1][0]} K={nearest[1][1]}")
     if (
         moe is None
         and not s.weight_only

@@ -25,6 +25,17 @@ def test_explain_prints_considered_refused_and_picked(capsys, monkeypatch, tmp_p
     assert len(line.split("refused", 1)[1].split()) > 2  # a reason follows the counts
 
 
+def test_explain_shows_the_nearest_stored_pick_with_its_split(capsys, monkeypatch, tmp_path):
+    """Llama-3-8B's k / v projection (1024 x 4096) at M = 16 has no shipped pick: without measuring,
+    the 4096 x 4096 pick runs, its 4 splits of 32 tiles made 16 splits of 8 tiles."""
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
+    assert cli.main(["kernels", "--explain", "16", "1024", "4096", "W4A16", "--gpu", "NVIDIA_H200"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "with QFUSE_AUTOTUNE=0" in line)
+    assert "'kernel': 'mma_words'" in line and "'SPLIT_K': 16" in line and "'num_warps': 8" in line
+    assert "nearest shape, N=4096 K=4096" in out
+
+
 def test_explain_takes_the_user_cache_first(capsys, monkeypatch, tmp_path):
     import json
 
