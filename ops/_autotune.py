@@ -166,7 +166,8 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
         n, k, *others = entry[len(prefix) :].split("|")
         if others != rest:
             continue
-        pick = _same_programs(cfg, int(n), key[1], candidates)
+        # fused_moe's keys hold (E, I) there, not (N, K): its picks are taken as stored
+        pick = _same_programs(cfg, int(n), key[1], candidates) if op != "fused_moe" else (cfg if cfg in candidates else None)
         if pick is None:
             continue
         d = abs(math.log2(int(n) / key[1])) + 2 * abs(math.log2(int(k) / key[2]))
