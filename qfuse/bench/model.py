@@ -26,7 +26,7 @@ Columns: ``ms`` (median per step), ``tokens_per_s``, ``x_bf16`` (bf16's ms / thi
 mode and batch), ``weight_gb`` (parameters and buffers, the KV cache not included),
 ``peak_gb`` (``max_memory_allocated`` over the case), ``compile_s`` (the first compiled call
 of that mode and batch: Dynamo + Inductor + Triton, every qfuse kernel already autotuned by
-the eager warm-up). Rows go to the CSV as each case ends, so a run stopped by a time limit
+the eager warm-up; its phases in ``compile_phases/``). Rows go to the CSV as each case ends, so a run stopped by a time limit
 keeps what it measured.
 """
 
@@ -253,6 +253,32 @@ def compile_step(step, case: str):
     return torch.compile(step, fullgraph=True, dynamic=False)
 
 
+def first_call(compiled, inputs: tuple, phases: Path) -> float:
+    """Seconds of ``compiled``'s first call (Dynamo + Inductor + Triton); where that time went, by
+    compile phase (``torch._dynamo.utils.compile_times``: tracing, each pass, codegen, Triton's
+    compiles), is written to ``phases``."""
+    import torch._dynamo.utils
+
+    metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", None)
+    if metrics is not None:
+        metrics.clear()  # the phases of this compile only
+    t0 = time.perf_counter()
+    compiled(*inputs)
+    _sync(inputs[0].device)
+    seconds = time.perf_counter() - t0
+    try:
+        text = torch._dynamo.utils.compile_times(repr="str", aggregate=True)
+    except Exception as e:  # a private torch API: its absence must not cost the row
+        text = f"compile phases unavailable: {type(e).__name__}: {e}"
+    phases.parent.mkdir(parents=True, exist_ok=True)
+    phases.write_text(f"first call {seconds:.1f} s\n{text}\n")
+    return seconds
+
+
+def _file_name(case: str) -> str:
+    return case.replace(":", "_").replace("=", "-")
+
+
 def time_eager(fn, args, steps: int) -> float:
     """Median ms of ``fn(*args)`` called from Python, synchronized after each call (after two
     calls: qfuse's modules capture their eager CUDA graphs in the second, qfuse/eager_graphs.py)."""
@@ -306,10 +332,7 @@ def run_case(case: str, args, log=print) -> list[dict]:
             if args.no_compile:
                 continue
             compiled = compile_step(step, case)
-            t0 = time.perf_counter()
-            compiled(ids, pos)
-            _sync(ids.device)
-            compile_s = time.perf_counter() - t0
+            compile_s = first_call(compiled, (ids, pos), args.out / "compile_phases" / f"{_file_name(case)}_decode_b{batch}.txt")
             ms = time_captured(compiled, (ids, pos), args.replays) if cuda else time_eager(compiled, (ids, pos), args.steps)
             rows.append(
                 {
@@ -327,10 +350,7 @@ def run_case(case: str, args, log=print) -> list[dict]:
         if args.prefill and not args.no_compile:
             ids = torch.randint(0, vocab, (1, args.prefill), device=device)
             compiled = compile_step(PrefillStep(model), case)
-            t0 = time.perf_counter()
-            compiled(ids)
-            _sync(ids.device)
-            compile_s = time.perf_counter() - t0
+            compile_s = first_call(compiled, (ids,), args.out / "compile_phases" / f"{_file_name(case)}_prefill_{args.prefill}.txt")
             ms = time_captured(compiled, (ids,), max(3, args.replays // 4)) if cuda else time_eager(compiled, (ids,), 2)
             rows.append(
                 {

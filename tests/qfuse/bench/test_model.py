@@ -28,6 +28,17 @@ def test_eager_rows_csv_and_plot(tmp_path, capsys):
     assert "W8A8" in capsys.readouterr().out
 
 
+def test_compiled_rows_write_the_compile_phases(tmp_path):
+    """On the CPU the compiled step runs without a CUDA graph; its first call's phases go to a file."""
+    out = tmp_path / "out"
+    args = ["--model", "tiny", "--device", "cpu", "--cases", "W4A16:attn", "--batches", "2", "--eager-batches", "--context", "16"]
+    assert bench_model.main(args + ["--prefill", "0", "--steps", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [r["mode"] for r in rows] == ["compiled"] and float(rows[0]["compile_s"]) > 0
+    phases = (out / "compile_phases" / "W4A16_attn_decode_b2.txt").read_text()
+    assert phases.startswith("first call") and "compile_fx_inner" in phases
+
+
 def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, capsys):
     out = tmp_path / "out"
     rc = bench_model.main(
