@@ -32,7 +32,7 @@ from .formats import CheckpointError, open_checkpoint, quantization_config
 from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
 from .formats.compressed_tensors import NAME as CT_NAME
 from .formats.files import write_safetensors
-from .fused_projections import member_layers
+from .fused_projections import ProjectionSlice, member_layers
 from .linear import QuantLinear
 from .moe import QuantExperts, QuantMoE
 from .norm import RMSNorm, is_convertible_rmsnorm
@@ -152,6 +152,11 @@ def load_quantized(
     """
     if model is None:
         return from_pretrained(path, dtype=dtype, device=device, progress=progress)
+    if any(isinstance(m, ProjectionSlice) for m in model.modules()):
+        raise ValueError(
+            "load_quantized: the model has projections stacked by qfuse.fuse_projections, and checkpoints name "
+            "q_proj / k_proj / v_proj and gate_proj / up_proj; load into the unfused model and fuse after loading"
+        )
     path = Path(path)
     reader = open_checkpoint(path)
     config, _ = quantization_config(path)

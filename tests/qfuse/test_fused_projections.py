@@ -165,10 +165,13 @@ def test_save_writes_the_members(scheme, ignore, tmp_path):
     assert isinstance(loaded.model.layers[0].self_attn.q_proj, qfuse.QuantLinear if ignore is None else nn.Linear)
 
 
-def test_quantize_model_refuses_a_fused_model_and_nothing_to_fuse_warns():
+def test_quantize_and_load_refuse_a_fused_model_and_nothing_to_fuse_warns(tmp_path):
     model = qfuse.fuse_projections(tiny_hf_model("llama", layers=1))
     with pytest.raises(ValueError, match="fuse after quantize_model"):
         qfuse.quantize_model(model, "W4A16", progress=False)
+    qfuse.save_quantized(qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", progress=False), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="load into the unfused model and fuse after loading"):
+        qfuse.load_quantized(tmp_path, model)
     with pytest.warns(UserWarning, match="no q/k/v or gate/up group"):
         qfuse.fuse_projections(nn.Sequential(nn.Linear(4, 4)))
 
