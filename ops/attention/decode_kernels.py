@@ -19,7 +19,8 @@ split with no visible key adds nothing (p = 0, l = 0), and a row with no visible
 ends with l = 0 and is written as zeros.
 
 The split count fills about two waves of the GPU (``splits_for``); BLOCK_N = 64, 4 warps (8 for
-64 rows, ``warps_for``) and 2 stages are the flash-decoding defaults, not yet timed on the H200.
+tiles past 32 x 128, ``warps_for``, where 4 spill) and 2 stages are the flash-decoding defaults,
+not yet timed on the H200.
 """
 
 from __future__ import annotations
@@ -165,10 +166,17 @@ def _decode_attention_combine_kernel(
     )
 
 
-def warps_for(block_m: int) -> int:
-    """4 warps up to 32 rows; 8 for 64, where 4 spill (sm_90 at head_dim 128, triton 3.7.1: 255
-    registers and a 16-byte stack with 4 warps, 199 and none with 8; 32 rows: 208 with 4)."""
-    return 8 if block_m > 32 else 4
+def warps_for(block_m: int, block_d: int) -> int:
+    """4 warps up to a 32 x 128 (rows x head_dim) tile, 8 above, where 4 spill (sm_90, triton 3.7.1,
+    registers / stack bytes per thread: 64 x 128 with 4 warps 255 / 16, with 8 199 / 0; 32 x 128
+    with 4 208 / 0; 16 x 256 with 4 222 / 0; 32 x 256 with 4 255 / 112, with 8 180 / 0)."""
+    return 8 if block_m * block_d > 32 * 128 else 4
+
+
+def block_rows(rows: int, head_dim: int) -> int:
+    """Packed rows per tile: the rows rounded up to a power of two, 16 to 64; at most 32 past head_dim
+    128 (a 64 x 256 tile spills even with 8 warps: 255 registers and a 280-byte stack)."""
+    return min(MAX_BLOCK_M if head_dim <= 128 else MAX_BLOCK_M // 2, max(16, next_power_of_2(rows)))
 
 
 def splits_for(programs: int, key_blocks: int, device: torch.device) -> int:
@@ -191,8 +199,8 @@ def decode_attention_triton(
     Hkv, S = k.shape[1], k.shape[2]
     G = Hq // Hkv
     R = G * L
-    BLOCK_M = min(MAX_BLOCK_M, max(16, next_power_of_2(R)))
     BLOCK_D = max(16, next_power_of_2(D))
+    BLOCK_M = block_rows(R, BLOCK_D)
     row_blocks = triton.cdiv(R, BLOCK_M)
     key_blocks = triton.cdiv(S, BLOCK_N)
     if splits is None:
@@ -223,7 +231,7 @@ def decode_attention_triton(
             Hkv, G, L, S, D, splits, blocks_per_split, scale * LOG2E,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *m_strides, *out.stride()[:3],
             MASK_KIND=mask_kind, DIRECT=direct, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, INTERPRET=INTERPRET,
-            num_warps=warps_for(BLOCK_M), **LAUNCH_OPTIONS,
+            num_warps=warps_for(BLOCK_M, BLOCK_D), **LAUNCH_OPTIONS,
         )  # fmt: skip
         if not direct:
             launch(

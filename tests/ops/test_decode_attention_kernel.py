@@ -49,6 +49,7 @@ def _check(out, ref):
         (1, 6, 2, 3, 100, 80, 5),  # 3 query tokens (rows 9 of 16), head_dim 80 (masked to 128)
         (1, 16, 1, 5, 70, 16, 2),  # 80 packed rows: two row blocks of 64
         (3, 4, 2, 1, 300, 64, 64),  # more splits asked than key blocks: one block each
+        (1, 16, 1, 3, 70, 256, 2),  # head_dim 256: 48 rows in tiles of at most 32
     ],
 )
 @pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
@@ -91,6 +92,14 @@ def test_non_unit_stride_head_dim_is_copied_first():
     q, k, v = _inputs(1, 4, 2, 1, 40, 32, torch.bfloat16)
     k_strided = torch.empty(1, 2, 40, 64, dtype=torch.bfloat16)[..., ::2].copy_(k)
     _check(decode_attention_triton(q, k_strided, v, None, 0.2), decode_attention_ref(q, k, v, None, 0.2))
+
+
+def test_tile_rows_and_warps():
+    from qfuse.ops.attention.decode_kernels import block_rows, warps_for
+
+    assert [block_rows(r, 128) for r in (1, 4, 17, 33, 200)] == [16, 16, 32, 64, 64]
+    assert [block_rows(r, 256) for r in (4, 33)] == [16, 32]  # 64 x 256 spills
+    assert [warps_for(16, 128), warps_for(32, 128), warps_for(64, 128), warps_for(16, 256), warps_for(32, 256)] == [4, 4, 8, 4, 8]
 
 
 def test_splits_fill_two_waves():

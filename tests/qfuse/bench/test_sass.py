@@ -135,13 +135,16 @@ def test_moe_grouped_words_fc1_reads_two_tiles_per_iteration(capfd):
     assert fc1_per_byte < 7 and fc2_per_byte < 7
 
 
-@pytest.mark.parametrize("block_m, mask_kind, direct", [(16, 0, True), (16, 1, False), (32, 2, True), (64, 1, False)])
-def test_decode_attention_compiles_for_sm90_without_spills(block_m, mask_kind, direct, capfd):
-    """The decode-attention kernel at head_dim 128 with its launcher's warps (normalized output or
-    partials, each mask kind): no stack (a general head-dim stride cost 255 registers and a stack)."""
+@pytest.mark.parametrize(
+    "block_m, block_d, mask_kind, direct", [(16, 128, 0, True), (16, 128, 1, False), (32, 128, 2, True), (64, 128, 1, False), (32, 256, 1, False)]
+)
+def test_decode_attention_compiles_for_sm90_without_spills(block_m, block_d, mask_kind, direct, capfd):
+    """The decode-attention kernel's tiles with their launcher's warps (normalized output or partials,
+    each mask kind, head_dim 128 and 256): no stack (a general head-dim stride cost 255 registers
+    and a stack)."""
     from qfuse.ops.attention.decode_kernels import warps_for
 
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_D": 128, "MASK_KIND": mask_kind, "DIRECT": direct, "num_warps": warps_for(block_m)}
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_D": block_d, "MASK_KIND": mask_kind, "DIRECT": direct, "num_warps": warps_for(block_m, block_d)}
     assert sass.main(["decode_attention", "--config", json.dumps(cfg)]) == 0
     out = capfd.readouterr().out
     registers = int(re.search(r"registers (\d+)", out).group(1))
