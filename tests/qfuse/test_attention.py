@@ -156,3 +156,38 @@ def test_smollm2_generates_sdpas_tokens(smollm2):
     assert same >= 5, f"SDPA's logits nearly tie at step {same}: the test prompt no longer tells anything"
     assert torch.equal(got[:same], new[:same]), (tok.decode(new), tok.decode(got))
     assert torch.equal(compiled[:same], new[:same]), (tok.decode(new), tok.decode(compiled))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+def test_gpu_decode_step_compiled_and_captured(batch):
+    """CUDA: a Llama-shaped decode step on a 1000-token StaticCache (GQA 32 / 8, head_dim 128), eager
+    SDPA against qfuse's decode attention eager, compiled, and replayed as a captured CUDA graph."""
+    import transformers
+
+    from qfuse.bench.model import DecodeStep
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=4096, intermediate_size=512, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    ids, pos = torch.randint(0, 256, (batch, 1), device="cuda"), torch.tensor([700], device="cuda")
+    with torch.inference_mode():
+        step = DecodeStep(model, 1000)
+        for p in range(0, 700, 100):  # fill part of the cache
+            step(torch.randint(0, 256, (batch, 100), device="cuda"), torch.arange(p, p + 100, device="cuda"))
+        want = step(ids, pos)
+        use_decode_attention(model)
+        with _CountOp() as counter:
+            eager = step(ids, pos)
+        assert counter.calls == 2
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        compiled(ids, pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = compiled(ids, pos)
+        graph.replay()
+    for got in (eager, out):
+        torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
