@@ -138,13 +138,18 @@ def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
     tmp.replace(path)
 
 
+# M buckets whose grid is the N tiles times the splits (one M tile): where nearest_stored keeps a
+# pick's program count
+DECODE_MAX_M = 64
+
+
 def nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]) -> dict | None:
     """The stored pick (user cache or shipped table, as loaded) for the shape nearest to ``key``'s
     ``(N, K)`` with the same M bucket and the same remaining fields, among ``candidates`` only;
     None if there is none. Distance: ``|log2 N'/N| + 2 |log2 K'/K|`` (K sets the split-K and
     the tile loop, so it weighs double).
 
-    A pick with ``BLOCK_N`` and ``SPLIT_K`` is taken with the offered ``SPLIT_K`` that keeps its
+    At M <= ``DECODE_MAX_M``, a pick with ``BLOCK_N`` and ``SPLIT_K`` is taken with the offered ``SPLIT_K`` that keeps its
     program count (``ceil(N / BLOCK_N) * SPLIT_K``) nearest to what it had on its own shape: the
     170 shipped W4A16 / W8A16 H200 picks at M 1-64 run 96-3584 programs on the 132 SMs, while the
     28672 x 4096 pick (SPLIT_K 1) taken as it was for a 1024 x 4096 layer at M = 16 (Llama-3-8B's
@@ -166,8 +171,10 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
         n, k, *others = entry[len(prefix) :].split("|")
         if others != rest:
             continue
-        # fused_moe's keys hold (E, I) there, not (N, K): its picks are taken as stored
-        pick = _same_programs(cfg, int(n), key[1], candidates) if op != "fused_moe" else (cfg if cfg in candidates else None)
+        # fused_moe's keys hold (E, I) there, not (N, K), and past M = 64 the M tiles fill the GPU
+        # (a split there adds float32 partials of the whole output): those picks are taken as stored
+        adapt = op != "fused_moe" and isinstance(key[0], int) and key[0] <= DECODE_MAX_M
+        pick = _same_programs(cfg, int(n), key[1], candidates) if adapt else (cfg if cfg in candidates else None)
         if pick is None:
             continue
         d = abs(math.log2(int(n) / key[1])) + 2 * abs(math.log2(int(k) / key[2]))

@@ -101,6 +101,10 @@ def test_nearest_stored_pick_keeps_its_program_count(fresh_cache):
     assert _autotune.nearest_stored("op", "G", (16, 2048, 4096, 128), offered) == {"BLOCK_N": 128, "SPLIT_K": 8, "w": 8}
     assert _autotune.nearest_stored("op", "G", (16, 16384, 4096, 128), offered) == {"BLOCK_N": 128, "SPLIT_K": 1, "w": 8}
     assert _autotune.nearest_stored("op", "G", (16, 1024, 4096, 128), [{"BLOCK_N": 64, "SPLIT_K": 4, "w": 8}]) is None
+    # past M = 64 the M tiles fill the GPU: as stored
+    _autotune._memory["op|G|2048|4096|4096|128"] = {"BLOCK_N": 128, "SPLIT_K": 1, "w": 8}
+    big = [{"BLOCK_N": 128, "SPLIT_K": s, "w": 8} for s in (1, 2, 4)]
+    assert _autotune.nearest_stored("op", "G", (2048, 1024, 4096, 128), big) == {"BLOCK_N": 128, "SPLIT_K": 1, "w": 8}
     # fused_moe's keys hold (E, I) where the GEMMs' hold (N, K): its picks come as stored
     _autotune._memory["fused_moe|G|16|64|1408|2048"] = {"BLOCK_N": 32, "SPLIT_K": 2}
     moe_offered = [{"BLOCK_N": 32, "SPLIT_K": s} for s in (1, 2, 4)]
