@@ -138,8 +138,9 @@ def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
     tmp.replace(path)
 
 
-# M buckets whose grid is the N tiles times the splits (one M tile): where nearest_stored keeps a
-# pick's program count
+# M buckets up to here are decode sizes, whose grids are set by the N tiles and the splits (the M
+# tiles, the same for two shapes of one bucket, are 1-4): where nearest_stored keeps a pick's
+# program count
 DECODE_MAX_M = 64
 
 
@@ -172,7 +173,7 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
         if others != rest:
             continue
         # fused_moe's keys hold (E, I) there, not (N, K), and past M = 64 the M tiles fill the GPU
-        # (a split there adds float32 partials of the whole output): those picks are taken as stored
+        # (a split there adds float32 partials of a large output): those picks are taken as stored
         adapt = op != "fused_moe" and isinstance(key[0], int) and key[0] <= DECODE_MAX_M
         pick = _same_programs(cfg, int(n), key[1], candidates) if adapt else (cfg if cfg in candidates else None)
         if pick is None:
