@@ -36,7 +36,8 @@ def test_compiled_rows_write_the_compile_phases(tmp_path):
     rows = list(csv.DictReader((out / "model.csv").open()))
     assert [r["mode"] for r in rows] == ["compiled"] and float(rows[0]["compile_s"]) > 0
     phases = (out / "compile_phases" / "W4A16_attn_decode_b2.txt").read_text()
-    assert phases.startswith("first call") and "compile_fx_inner" in phases
+    # Dynamo's phases are always there; Inductor's only when its FX graph cache missed
+    assert phases.startswith("first call") and "_compile.compile_inner" in phases
 
 
 def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, capsys):
