@@ -76,7 +76,7 @@ def test_compiled_decode_step_runs_the_op():
     step = DecodeStep(model, 40)
     ids, pos = torch.randint(0, 256, (2, 1)), torch.tensor([20])
     torch._dynamo.reset()
-    with torch.inference_mode():
+    with torch.inference_mode(), torch._inductor.config.patch(force_disable_caches=True):  # the code, not a cache hit
         eager = step(ids, pos)
         compiled, code = run_and_get_code(qfuse.compile(step, fullgraph=True, dynamic=False), ids, pos)
     assert any("qfuse.decode_attention" in c for c in code)
