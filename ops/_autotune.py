@@ -127,6 +127,13 @@ def _load(path: Path) -> None:
             pass  # a corrupt cache only costs a re-measurement
 
 
+def load_stored(op: str, gpu: str) -> None:
+    """Read ``op``'s user cache and shipped table for ``gpu`` into the in-process cache (each file
+    once per process); call with ``_lock`` held."""
+    _load(cache_path())
+    _load(_TUNED_DIR / f"{op}.{gpu}.json")
+
+
 def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
     """Set ``entry_key`` to ``config`` in the JSON file ``path`` (created if missing), written
     through a temporary file and a rename, so a reader never sees half a file."""
@@ -284,8 +291,7 @@ def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[
     entry_key = _key_str(op, (gpu, *key))
     with _lock:
         if entry_key not in _memory:
-            _load(cache_path())
-            _load(_TUNED_DIR / f"{op}.{gpu}.json")
+            load_stored(op, gpu)
         hit = _memory.get(entry_key)
     if hit is not None:
         return hit

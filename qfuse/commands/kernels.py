@@ -65,7 +65,7 @@ def explain(
     moe: tuple[int, int] | None = None,
 ) -> str:
     """The report ``qfuse kernels --explain`` prints; ``moe=(E, top_k)``: for ``fused_moe`` (N = I, K = H)."""
-    from ..ops._autotune import _TUNED_DIR, _load, _lock, cache_path, lookup, nearest_stored_entry
+    from ..ops._autotune import _lock, load_stored, lookup, nearest_stored_entry
     from ..ops.int8 import dispatch as int8_dispatch
     from ..ops.wna16 import dispatch as wna16_dispatch
 
@@ -119,8 +119,7 @@ def explain(
     else:
         cfg, source = (offered[0] if offered else None), "the untuned heuristic (the first candidate); a first call on the GPU measures them"
         with _lock:
-            _load(cache_path())
-            _load(_TUNED_DIR / f"{op}.{gpu}.json")
+            load_stored(op, gpu)
             nearest = nearest_stored_entry(op, gpu, key, offered)
     lines.append(f"  picked: {cfg}")
     lines.append(f"  from:   {source}")
