@@ -131,12 +131,8 @@ def parse_case(case: str) -> tuple[str, frozenset[str]]:
     """``"W8A8:nopasses:attn"`` -> ``("W8A8", {"nopasses", "attn"})``; unknown parts raise."""
     scheme, *mods = case.split(":")
     known = ("bf16", *QFUSE_CASES, *TORCHAO_CASES)
-    bad = [
-        m
-        for m in mods
-        if m not in MODIFIERS or (m not in ("attn", "fuse") and scheme not in QFUSE_CASES) or (m == "fuse" and scheme in TORCHAO_CASES)
-    ]
-    if scheme not in known or bad:
+    allowed = MODIFIERS if scheme in QFUSE_CASES else ("attn", "fuse") if scheme == "bf16" else ("attn",)
+    if scheme not in known or any(m not in allowed for m in mods):
         raise ValueError(
             f"unknown case {case!r}; choose from {', '.join(known)}, followed by ':attn' (qfuse's decode attention), "
             "':fuse' (stacked projections; not torchao) and, for qfuse schemes, ':nopasses' or ':lm_head=W8A16' / ':lm_head=W4A16'"
@@ -177,13 +173,13 @@ def build_model(config, case: str, device: str):
     """The random-weight bf16 model of ``config`` with ``case``'s quantization applied."""
     from transformers import AutoModelForCausalLM
 
+    import qfuse
+
+    scheme, mods = parse_case(case)  # before the model: a bad case costs no build
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    scheme, mods = parse_case(case)
     if scheme in QFUSE_CASES:
-        import qfuse
-
         qfuse.quantize_model(model, scheme, progress=False, lm_head=_lm_head_scheme(mods))
     elif scheme == "torchao-int4":
         from torchao.quantization import Int4WeightOnlyConfig, quantize_
@@ -193,8 +189,6 @@ def build_model(config, case: str, device: str):
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
         quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_torchao_filter)
-    import qfuse
-
     if "fuse" in mods:
         qfuse.fuse_projections(model)
     if "attn" in mods:
