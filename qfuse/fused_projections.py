@@ -28,6 +28,7 @@ under their own names (what serving engines load); ``unfuse_projections`` restor
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -137,8 +138,6 @@ def fuse_projections(model: nn.Module) -> nn.Module:
                 setattr(parent, n, ProjectionSlice(parent, fused_name, i, sizes, pending))
             fused += 1
     if not fused:
-        import warnings
-
         warnings.warn("fuse_projections: no q/k/v or gate/up group to stack in this model", stacklevel=2)
     return model
 

@@ -35,7 +35,7 @@ from .._launch import launch
 from ..activation.quant_kernels import device_guard
 from ..wna16.common import mma
 
-LOG2E = 1.4426950408889634
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # scores are kept in base 2
 NO_MAX: tl.constexpr = tl.constexpr(-1.0e30)
 BLOCK_N = 64
 MAX_BLOCK_M = 64
@@ -100,7 +100,7 @@ def _decode_attention_kernel(
         elif MASK_KIND == 2:
             mv = tl.load(m_base + n[None, :] * sm_s, mask=visible, other=float("-inf")).to(tl.float32)
             visible = visible & (mv > float("-inf"))
-            bias = tl.where(visible, mv * 1.4426950408889634, float("-inf"))
+            bias = tl.where(visible, mv * LOG2E, float("-inf"))
         else:
             bias = tl.where(visible, 0.0, float("-inf"))
         if tl.max(visible.to(tl.int32)) > 0:
@@ -228,7 +228,7 @@ def decode_attention_triton(
             _decode_attention_kernel,
             (B * Hkv, row_blocks, splits),
             q, k, v, m, out, part_acc, part_ml,
-            Hkv, G, L, S, D, splits, blocks_per_split, scale * LOG2E,
+            Hkv, G, L, S, D, splits, blocks_per_split, scale * LOG2E.value,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *m_strides, *out.stride()[:3],
             MASK_KIND=mask_kind, DIRECT=direct, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, INTERPRET=INTERPRET,
             num_warps=warps_for(BLOCK_M, BLOCK_D), **LAUNCH_OPTIONS,
