@@ -24,19 +24,32 @@ CSV: ``quantize_`` with this bench's filter converts ``nn.Linear`` layers, and t
 
 Columns: ``ms`` (median per step), ``tokens_per_s``, ``x_bf16`` (bf16's ms / this ms, same
 mode and batch), ``weight_gb`` (parameters and buffers, the KV cache not included),
-``peak_gb`` (``max_memory_allocated`` over the case), ``compile_s`` (the first compiled call
-of that mode and batch: Dynamo + Inductor + Triton, every qfuse kernel already autotuned by
-the eager warm-up; its phases in ``compile_phases/``). Rows go to the CSV as each case ends, so a run stopped by a time limit
-keeps what it measured.
+``peak_gb`` (``max_memory_allocated`` over the case up to that row), ``compile_s`` (the first
+compiled call of that mode and batch: Dynamo + Inductor + Triton, every qfuse kernel already
+autotuned by the eager warm-up; its phases in ``compile_phases/``). Each row goes to the CSV as
+it is measured, so a run stopped by a time limit keeps what it measured.
+
+``--compile-timeout S`` stops a first compiled call after S seconds: every thread's Python stack
+and the compile phases so far go to ``compile_phases/<case>_<row>.timeout.txt``, the case gets a
+``failed`` row, and the next case runs. (A call stuck in C code, e.g. a CUDA synchronize, is
+stopped when it next runs Python.) ``--inductor-config KEY=VALUE`` sets a
+``torch._inductor.config`` field for the whole run, for A/B runs of Inductor's options; it is
+recorded in an ``inductor_config`` column.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import faulthandler
 import gc
+import signal
 import statistics
+import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -247,25 +260,74 @@ def compile_step(step, case: str):
     return torch.compile(step, fullgraph=True, dynamic=False)
 
 
-def first_call(compiled, inputs: tuple, phases: Path) -> float:
+class CompileTimeout(RuntimeError):
+    """A first compiled call ran past ``--compile-timeout``."""
+
+
+def _compile_phases() -> str:
+    try:
+        return torch._dynamo.utils.compile_times(repr="str", aggregate=True)
+    except Exception as e:  # a private torch API: its absence must not cost the row
+        return f"compile phases unavailable: {type(e).__name__}: {e}"
+
+
+def _all_stacks() -> str:
+    """Every thread's whole Python stack (faulthandler stops at 100 frames, and Dynamo's are deeper)."""
+    main = threading.main_thread().ident
+    return "\n".join(
+        f"thread {ident}{' (main)' if ident == main else ''}, most recent call last:\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    )
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, report: Path):
+    """Raise :class:`CompileTimeout` in the main thread once ``seconds`` pass (SIGALRM; nothing
+    when ``seconds`` <= 0), after writing every thread's Python stack and the compile phases so
+    far to ``report``: where a compile that does not finish spends its time."""
+    if seconds <= 0:
+        yield
+        return
+
+    message = f"the first compiled call ran past {seconds:g} s; stacks in {report}"
+    expired = []
+
+    def expire(signum, frame):
+        expired.append(True)
+        head = f"stopped after {seconds:g} s (--compile-timeout); every thread's whole Python stack:"
+        report.write_text(f"{head}\n{_all_stacks()}\ncompile phases so far:\n{_compile_phases()}\n")
+        raise CompileTimeout(message)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except Exception as e:
+        if expired and not isinstance(e, CompileTimeout):  # Dynamo / Inductor wrap what is raised inside them
+            raise CompileTimeout(message) from e
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def first_call(compiled, inputs: tuple, phases: Path, timeout: float = 0) -> float:
     """Seconds of ``compiled``'s first call (Dynamo + Inductor + Triton); where that time went, by
     compile phase (``torch._dynamo.utils.compile_times``: tracing, each pass, codegen, Triton's
-    compiles), is written to ``phases``."""
+    compiles), is written to ``phases``. Past ``timeout`` seconds (> 0) it raises
+    :class:`CompileTimeout`, the stacks written to ``phases`` with suffix ``.timeout.txt``."""
     import torch._dynamo.utils
 
     metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", None)
     if metrics is not None:
         metrics.clear()  # the phases of this compile only
-    t0 = time.perf_counter()
-    compiled(*inputs)
-    _sync(inputs[0].device)
-    seconds = time.perf_counter() - t0
-    try:
-        text = torch._dynamo.utils.compile_times(repr="str", aggregate=True)
-    except Exception as e:  # a private torch API: its absence must not cost the row
-        text = f"compile phases unavailable: {type(e).__name__}: {e}"
     phases.parent.mkdir(parents=True, exist_ok=True)
-    phases.write_text(f"first call {seconds:.1f} s\n{text}\n")
+    t0 = time.perf_counter()
+    with _deadline(timeout, phases.with_suffix(".timeout.txt")):
+        compiled(*inputs)
+        _sync(inputs[0].device)
+    seconds = time.perf_counter() - t0
+    phases.write_text(f"first call {seconds:.1f} s\n{_compile_phases()}\n")
     return seconds
 
 
@@ -300,7 +362,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_case(case: str, args, log=print) -> list[dict]:
+def run_case(case: str, args, record, log=print) -> None:
+    """Build ``case``'s model and measure its rows, each handed to ``record`` as it is measured."""
     device = args.device
     cuda = device == "cuda"
     if cuda:
@@ -312,7 +375,13 @@ def run_case(case: str, args, log=print) -> list[dict]:
     model = build_model(config, case, device)
     base = {"model": args.model, "layers": config.num_hidden_layers, "case": case, "weight_gb": round(weight_bytes(model) / 1e9, 6)}
     log(f"[model] {case}: built and quantized in {time.perf_counter() - t0:.1f} s, {base['weight_gb']} GB of weights")
-    rows = []
+    if args.inductor_config:
+        base["inductor_config"] = " ".join(args.inductor_config)
+
+    def add(row: dict) -> None:
+        row["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3) if cuda else float("nan")
+        record(row)
+
     vocab = config.vocab_size
     with torch.inference_mode():
         for batch in args.batches:
@@ -321,14 +390,15 @@ def run_case(case: str, args, log=print) -> list[dict]:
             pos = torch.tensor([args.context], device=device)
             if batch in args.eager_batches:
                 ms = time_eager(step, (ids, pos), args.steps)
-                rows.append({**base, "mode": "eager", "batch": batch, "tokens": 1, "ms": round(ms, 4), "tokens_per_s": round(batch / ms * 1e3, 1)})
+                add({**base, "mode": "eager", "batch": batch, "tokens": 1, "ms": round(ms, 4), "tokens_per_s": round(batch / ms * 1e3, 1)})
                 log(f"[model] {case} eager batch {batch}: {ms:.3f} ms")
             if args.no_compile:
                 continue
             compiled = compile_step(step, case)
-            compile_s = first_call(compiled, (ids, pos), args.out / "compile_phases" / f"{_file_name(case)}_decode_b{batch}.txt")
+            phases = args.out / "compile_phases" / f"{_file_name(case)}_decode_b{batch}.txt"
+            compile_s = first_call(compiled, (ids, pos), phases, args.compile_timeout)
             ms = time_captured(compiled, (ids, pos), args.replays) if cuda else time_eager(compiled, (ids, pos), args.steps)
-            rows.append(
+            add(
                 {
                     **base,
                     "mode": "compiled",
@@ -344,9 +414,10 @@ def run_case(case: str, args, log=print) -> list[dict]:
         if args.prefill and not args.no_compile:
             ids = torch.randint(0, vocab, (1, args.prefill), device=device)
             compiled = compile_step(PrefillStep(model), case)
-            compile_s = first_call(compiled, (ids,), args.out / "compile_phases" / f"{_file_name(case)}_prefill_{args.prefill}.txt")
+            phases = args.out / "compile_phases" / f"{_file_name(case)}_prefill_{args.prefill}.txt"
+            compile_s = first_call(compiled, (ids,), phases, args.compile_timeout)
             ms = time_captured(compiled, (ids,), max(3, args.replays // 4)) if cuda else time_eager(compiled, (ids,), 2)
-            rows.append(
+            add(
                 {
                     **base,
                     "mode": "prefill",
@@ -359,12 +430,8 @@ def run_case(case: str, args, log=print) -> list[dict]:
             )
             log(f"[model] {case} prefill {args.prefill}: {ms:.3f} ms (compile {compile_s:.0f} s)")
             del compiled
-    peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
-    for r in rows:
-        r["peak_gb"] = round(peak, 3)
     del model
     gc.collect()
-    return rows
 
 
 def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
@@ -478,7 +545,25 @@ def main(argv=None) -> int:
         metavar="S",
         help="print every thread's Python stack to stderr every S seconds (where a long compile spends its time)",
     )
+    ap.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=0,
+        metavar="S",
+        help="stop a first compiled call after S seconds, its stacks written to compile_phases/, and go on with the next case",
+    )
+    ap.add_argument(
+        "--inductor-config",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="torch._inductor.config fields for the whole run (VALUE a Python literal), e.g. graph_partition=False",
+    )
     args = ap.parse_args(argv)
+    try:
+        args.inductor_fields = inductor_fields(args.inductor_config)
+    except ValueError as e:
+        ap.error(str(e))
     if args.device == "cuda":
         require_cuda("model")
     if args.stacks_every <= 0:
@@ -490,9 +575,42 @@ def main(argv=None) -> int:
         faulthandler.cancel_dump_traceback_later()
 
 
+def inductor_fields(items: list[str]) -> dict:
+    """``["KEY=VALUE", ...]`` -> ``{KEY: value}`` for ``torch._inductor.config.patch``; VALUE is a
+    Python literal (``False``, ``64``, ``"x"``) or else taken as a string. A ValueError names a
+    malformed item or a key ``torch._inductor.config`` does not have."""
+    import torch._inductor.config as inductor_config
+
+    fields = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--inductor-config {item!r}: expected KEY=VALUE")
+        if not hasattr(inductor_config, key):
+            raise ValueError(f"--inductor-config {item!r}: torch._inductor.config has no field {key!r}")
+        try:
+            fields[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            fields[key] = text
+    return fields
+
+
 def run(args) -> int:
-    """The cases of ``args`` (``main``'s options): rows to ``model.csv`` as they finish; 1 if one failed."""
+    """The cases of ``args`` (``main``'s options): each row to ``model.csv`` as it is measured; 1 if a case failed."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(getattr(args, "inductor_fields", {})):
+        return _run(args)
+
+
+def _run(args) -> int:
     rows: list[dict] = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        add_ratios([r for r in rows if r.get("mode") not in ("failed", "skipped")])
+        write_csv(rows, args.out / "model.csv")
+
     config = model_config(args.model, args.layers)
     if args.interleave:
         rows = run_eager_interleaved([c for c in args.cases if not skip_reason(config, c)], args)
@@ -503,17 +621,13 @@ def run(args) -> int:
     for case in args.cases:
         if reason := skip_reason(config, case):
             print(f"[model] {case}: skipped on {args.model}: {reason}", flush=True)
-            rows.append({"model": args.model, "case": case, "mode": "skipped", "error": reason})
-            write_csv(rows, args.out / "model.csv")
+            record({"model": args.model, "case": case, "mode": "skipped", "error": reason})
             continue
         try:
-            rows += run_case(case, args)
-        except Exception as e:  # a peer that does not install or a case that fails must not cost the others
+            run_case(case, args, record)
+        except Exception as e:  # a peer that does not install, a case that fails or a compile past its time must not cost the others
             print(f"[model] {case}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
-            rows.append({"model": args.model, "case": case, "mode": "failed", "error": f"{type(e).__name__}: {e}"[:300]})
-        ok = [r for r in rows if r.get("mode") not in ("failed", "skipped")]
-        add_ratios(ok)
-        write_csv(rows, args.out / "model.csv")
+            record({"model": args.model, "case": case, "mode": "failed", "error": f"{type(e).__name__}: {e}"[:300]})
     ok = [r for r in rows if r.get("mode") not in ("failed", "skipped")]
     if ok:
         plot(ok, args.out / "model.png")

@@ -4,6 +4,7 @@ the compiled path runs on the GPU; ``generate`` compiled is tested in tests/qfus
 from __future__ import annotations
 
 import csv
+import signal
 
 import pytest
 
@@ -151,3 +152,57 @@ def test_stacks_every_samples_the_run_and_stops_with_it(tmp_path, monkeypatch):
     assert calls == [("dump", 60.0, True), ("cancel",)]
     calls.clear()
     assert bench_model.main(argv) == 1 and calls == []
+
+
+def test_compile_timeout_writes_the_stacks_keeps_the_rows_and_goes_on(tmp_path, capsys):
+    """A first compiled call past --compile-timeout: its stacks and phases go to a file, the case
+    gets a failed row after the rows it already measured, and the next case still runs."""
+    out = tmp_path / "out"
+    handler = signal.getsignal(signal.SIGALRM)
+    args = ["--model", "tiny", "--device", "cpu", "--cases", "W4A16", "bf16", "--batches", "2", "--eager-batches", "2", "--context", "16"]
+    assert bench_model.main(args + ["--prefill", "0", "--steps", "1", "--compile-timeout", "0.05", "--out", str(out)]) == 1
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["case"], r["mode"]) for r in rows] == [("W4A16", "eager"), ("W4A16", "failed"), ("bf16", "eager"), ("bf16", "failed")]
+    assert all(r["error"].startswith("CompileTimeout: the first compiled call ran past 0.05 s") for r in rows if r["mode"] == "failed")
+    report = (out / "compile_phases" / "W4A16_decode_b2.timeout.txt").read_text()
+    assert (
+        report.startswith("stopped after 0.05 s")
+        and "(main), most recent call last:" in report
+        and "in first_call" in report
+        and "compile phases so far:" in report
+    )
+    assert not (out / "compile_phases" / "W4A16_decode_b2.txt").exists()
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert "W4A16: FAILED CompileTimeout" in capsys.readouterr().out
+
+
+def test_inductor_config_is_parsed_checked_applied_and_recorded(tmp_path, monkeypatch):
+    assert bench_model.inductor_fields(["graph_partition=False", "max_fusion_size=8", "cpp.simdlen=None"]) == {
+        "graph_partition": False,
+        "max_fusion_size": 8,
+        "cpp.simdlen": None,
+    }
+    assert bench_model.inductor_fields(["triton.descriptive_names=original_aten"]) == {"triton.descriptive_names": "original_aten"}
+    for bad, message in (("graph_partition", "expected KEY=VALUE"), ("no_such_field=1", "has no field 'no_such_field'")):
+        with pytest.raises(ValueError, match=message):
+            bench_model.inductor_fields([bad])
+        with pytest.raises(SystemExit):
+            bench_model.main(["--device", "cpu", "--inductor-config", bad])
+    seen = []
+    real = bench_model.run_case
+
+    def run_case(case, args, record, log=print):
+        import torch._inductor.config
+
+        seen.append(torch._inductor.config.max_fusion_size)
+        real(case, args, record, log)
+
+    monkeypatch.setattr(bench_model, "run_case", run_case)
+    out = tmp_path / "out"
+    argv = ["--model", "tiny", "--device", "cpu", "--cases", "bf16", "--batches", "1", "--no-compile", "--steps", "1", "--out", str(out)]
+    assert bench_model.main(argv + ["--inductor-config", "max_fusion_size=7"]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert seen == [7] and rows[0]["inductor_config"] == "max_fusion_size=7"
+    import torch._inductor.config
+
+    assert torch._inductor.config.max_fusion_size != 7  # restored after the run
