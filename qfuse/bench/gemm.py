@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ._device import require_cuda
+from .peers import gemlite_layer, setup_gemlite
 
 DEFAULT_SHAPES = ("4096x4096", "6144x4096", "28672x4096", "4096x14336", "8192x8192")
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -72,26 +73,6 @@ def _tinygemm_weights(codes: torch.Tensor, k: int, group: int):
     return w, sz.to(torch.bfloat16).contiguous()
 
 
-def _gemlite_layer(codes, scales, group, dtype, bits):
-    from gemlite.helper import A16Wn
-
-    zeros = torch.full_like(scales, 1 << (bits - 1))  # gemlite's HQQ form w = (q - z) * s: our symmetric z = 2**(bits-1)
-    return A16Wn(device="cuda", dtype=dtype).from_weights(codes, scales, zeros, W_nbits=bits, group_size=group)
-
-
-def _setup_gemlite(log, autotune: str = "fast"):
-    try:
-        import gemlite
-
-        cfg = Path(gemlite.__file__).with_name("configs") / "h100.json"
-        gemlite.set_autotune(autotune)
-        gemlite.load_config(str(cfg))
-        return gemlite.__version__
-    except Exception as e:  # optional peer
-        log(f"gemlite unavailable: {type(e).__name__}: {e}")
-        return None
-
-
 def main(argv=None) -> int:
     args = _args(argv or [])
     require_cuda("gemm")  # --precompile-only too: its workers compile by running each config on the GPU
@@ -116,7 +97,7 @@ def main(argv=None) -> int:
         return 0
     if args.tune:
         tune(shapes, args.m, args.bits, group, dtype, args.asym, args.tune_workers, out_dir / "wna16_gemm.tuned.json", log, families=_families(args))
-    gl_version = None if args.no_gemlite else _setup_gemlite(log, args.gemlite_autotune)
+    gl_version = None if args.no_gemlite else setup_gemlite(log, args.gemlite_autotune)
     bw = hbm_bandwidth()
     log(
         f"{torch.cuda.get_device_name()} torch {torch.__version__} HBM bandwidth {bw / 1e12:.2f} TB/s gemlite {gl_version} (autotune {args.gemlite_autotune})"
@@ -134,7 +115,7 @@ def main(argv=None) -> int:
                 tiny = [_tinygemm_weights(codes, k, group) for _ in range(copies_for(n * k // 2))]
             if gl_version is not None:
                 try:
-                    gl = [_gemlite_layer(codes, s.clone(), group, dtype, bits) for _ in range(copies_for(n * k * bits // 8))]
+                    gl = [gemlite_layer(codes, s.clone(), group, dtype, bits) for _ in range(copies_for(n * k * bits // 8))]
                 except Exception as e:
                     log(f"gemlite setup failed for {n}x{k}: {type(e).__name__}: {e}")
             for m in args.m:

@@ -1,7 +1,8 @@
-"""``qfuse bench model``: a whole Hugging Face decoder, quantized, eager and compiled, against bf16 and torchao.
+"""``qfuse bench model``: a whole Hugging Face decoder, quantized, eager and compiled, against bf16, torchao and gemlite.
 
 Per case (bf16; a qfuse scheme, its int8-activation ones with the fusion passes on and off;
-torchao int4 weight-only in the tinygemm layout and int8 dynamic when torchao imports) one
+torchao int4 weight-only in the tinygemm layout and int8 dynamic when torchao imports;
+gemlite 0.6's A16W4, group 128, of qfuse's own W4A16 codes, when gemlite imports) one
 model with random bf16 weights is built on the GPU (lm_head stays bf16), quantized, and run:
 
 * ``decode``: one new token per sequence at position ``--context`` of a ``StaticCache``
@@ -18,9 +19,8 @@ model with random bf16 weights is built on the GPU (lm_head stays bf16), quantiz
 8 experts of intermediate 14336, top-2, 32 / 8 heads, vocab 32000) with 4 decoder layers by
 default (the published model has 32; ``--layers`` sets them): ``quantize_model`` converts each
 sparse-MoE block to ``qfuse.moe.QuantMoE`` (experts through ``qfuse::fused_moe``, the router in
-bf16). The torchao cases are skipped there with the reason printed and a ``skipped`` row in the
-CSV: ``quantize_`` with this bench's filter converts ``nn.Linear`` layers, and the experts are
-3-D parameters it leaves in bf16.
+bf16). The torchao and gemlite cases are skipped there with the reason printed and a ``skipped``
+row in the CSV: they convert ``nn.Linear`` layers, and the experts are 3-D parameters.
 
 Columns: ``ms`` (median per step), ``tokens_per_s``, ``x_bf16`` (bf16's ms / this ms, same
 mode and batch), ``weight_gb`` (parameters and buffers, the KV cache not included),
@@ -132,6 +132,8 @@ MODELS = {  # architecture, config fields (the published shapes; weights are ran
 }
 QFUSE_CASES = ("W4A16", "W8A16", "W8A8", "W4A8", "W4A8_G128")
 TORCHAO_CASES = ("torchao-int4", "torchao-int8dq")
+GEMLITE_CASES = ("gemlite-w4",)  # gemlite 0.6 A16W4, group 128, qfuse's symmetric W4A16 codes (bench/peers.py)
+PEER_CASES = TORCHAO_CASES + GEMLITE_CASES
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao-int4")
 # case modifiers: ``attn`` (any case: attention through qfuse::decode_attention,
 # ``qfuse.use_decode_attention``); ``fuse`` (bf16 and qfuse cases: q/k/v and gate/up stacked,
@@ -143,7 +145,7 @@ MODIFIERS = ("nopasses", "attn", "fuse", "lm_head=W8A16", "lm_head=W4A16")
 def parse_case(case: str) -> tuple[str, frozenset[str]]:
     """``"W8A8:nopasses:attn"`` -> ``("W8A8", {"nopasses", "attn"})``; unknown parts raise."""
     scheme, *mods = case.split(":")
-    known = ("bf16", *QFUSE_CASES, *TORCHAO_CASES)
+    known = ("bf16", *QFUSE_CASES, *PEER_CASES)
     allowed = MODIFIERS if scheme in QFUSE_CASES else ("attn", "fuse") if scheme == "bf16" else ("attn",)
     if scheme not in known or any(m not in allowed for m in mods):
         raise ValueError(
@@ -174,10 +176,10 @@ def model_config(name: str, layers: int | None = None):
 
 def skip_reason(config, case: str) -> str | None:
     """Why ``case`` is not run on the model of ``config`` (None: it is run)."""
-    if case.split(":")[0] in TORCHAO_CASES and getattr(config, "num_local_experts", 0):
+    if case.split(":")[0] in PEER_CASES and getattr(config, "num_local_experts", 0):
         return (
-            "torchao's quantize_ (filtered to nn.Linear here) leaves the sparse-MoE experts, 3-D parameters, in bf16: "
-            "the case would not measure a quantized MoE model"
+            "the peers convert nn.Linear layers here (torchao's quantize_, gemlite's A16Wn), which leaves the sparse-MoE "
+            "experts, 3-D parameters, in bf16: the case would not measure a quantized MoE model"
         )
     return None
 
@@ -202,6 +204,13 @@ def build_model(config, case: str, device: str):
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
         quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_torchao_filter)
+    elif scheme == "gemlite-w4":
+        from .peers import gemlite_linears, setup_gemlite
+
+        errors = []
+        if setup_gemlite(errors.append) is None:
+            raise RuntimeError(errors[0])
+        gemlite_linears(model, bits=4, group=128)
     if "fuse" in mods:
         qfuse.fuse_projections(model)
     if "attn" in mods:
@@ -524,7 +533,7 @@ def main(argv=None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="bf16, qfuse schemes, torchao-int4, torchao-int8dq; modifiers: CASE:attn (qfuse's decode attention), CASE:fuse "
+        help="bf16, qfuse schemes, torchao-int4, torchao-int8dq, gemlite-w4; modifiers: CASE:attn (qfuse's decode attention), CASE:fuse "
         "(stacked projections; bf16 and qfuse), SCHEME:nopasses, SCHEME:lm_head=W8A16 / W4A16",
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])

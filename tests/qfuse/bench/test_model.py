@@ -107,15 +107,31 @@ def test_mixtral_case_quantizes_the_experts_and_skips_torchao(tmp_path, capsys):
     assert all(isinstance(layer.mlp, QuantMoE) and layer.mlp.experts.scheme.name == "W4A16" for layer in model.model.layers)
     out = tmp_path / "out"
     rc = bench_model.main(
-        ["--model", "tiny-mixtral", "--device", "cpu", "--cases", "bf16", "W4A16", "torchao-int4", "--batches", "1", "--eager-batches", "1"]
+        [
+            "--model",
+            "tiny-mixtral",
+            "--device",
+            "cpu",
+            "--cases",
+            "bf16",
+            "W4A16",
+            "torchao-int4",
+            "gemlite-w4",
+            "--batches",
+            "1",
+            "--eager-batches",
+            "1",
+        ]
         + ["--context", "16", "--no-compile", "--steps", "1", "--out", str(out)]
     )
     assert rc == 0
     rows = list(csv.DictReader((out / "model.csv").open()))
-    assert [(r["case"], r["mode"]) for r in rows] == [("bf16", "eager"), ("W4A16", "eager"), ("torchao-int4", "skipped")]
+    skipped = [("torchao-int4", "skipped"), ("gemlite-w4", "skipped")]
+    assert [(r["case"], r["mode"]) for r in rows] == [("bf16", "eager"), ("W4A16", "eager"), *skipped]
     assert float(rows[1]["weight_gb"]) < float(rows[0]["weight_gb"]) / 2  # the experts are most of the weights
-    assert "experts" in rows[2]["error"]
-    assert "torchao-int4: skipped on tiny-mixtral" in capsys.readouterr().out
+    assert "experts" in rows[2]["error"] and "experts" in rows[3]["error"]
+    printed = capsys.readouterr().out
+    assert "torchao-int4: skipped on tiny-mixtral" in printed and "gemlite-w4: skipped on tiny-mixtral" in printed
 
 
 def test_weight_bytes_counts_the_inner_tensors_of_a_wrapper_subclass():
