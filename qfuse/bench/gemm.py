@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ._device import require_cuda
-from .peers import gemlite_layer, setup_gemlite
+from ._peers import gemlite_layer, setup_gemlite
 
 DEFAULT_SHAPES = ("4096x4096", "6144x4096", "28672x4096", "4096x14336", "8192x8192")
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

@@ -132,7 +132,7 @@ MODELS = {  # architecture, config fields (the published shapes; weights are ran
 }
 QFUSE_CASES = ("W4A16", "W8A16", "W8A8", "W4A8", "W4A8_G128")
 TORCHAO_CASES = ("torchao-int4", "torchao-int8dq")
-GEMLITE_CASES = ("gemlite-w4",)  # gemlite 0.6 A16W4, group 128, qfuse's symmetric W4A16 codes (bench/peers.py)
+GEMLITE_CASES = ("gemlite-w4",)  # gemlite 0.6 A16W4, group 128, qfuse's symmetric W4A16 codes (bench/_peers.py)
 PEER_CASES = TORCHAO_CASES + GEMLITE_CASES
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao-int4")
 # case modifiers: ``attn`` (any case: attention through qfuse::decode_attention,
@@ -205,7 +205,7 @@ def build_model(config, case: str, device: str):
 
         quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=_torchao_filter)
     elif scheme == "gemlite-w4":
-        from .peers import gemlite_linears, setup_gemlite
+        from ._peers import gemlite_linears, setup_gemlite
 
         errors = []
         if setup_gemlite(errors.append) is None:

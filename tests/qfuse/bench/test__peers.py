@@ -1,4 +1,4 @@
-"""The gemlite peer's inputs (bench/peers.py): gemlite itself needs CUDA and runs in the GPU
+"""The gemlite peer's inputs (bench/_peers.py): gemlite itself needs CUDA and runs in the GPU
 benches; here, that the codes and scales it is given are the weights qfuse's W4A16 runs, and
 that a model's Linears are swapped as documented."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import qfuse
+from qfuse.bench import _peers as peers
 from qfuse.bench import model as bench_model
-from qfuse.bench import peers
 
 
 @pytest.mark.parametrize(("n", "k"), [(24, 256), (40, 384)])
