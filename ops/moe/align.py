@@ -52,3 +52,18 @@ def align_block_size(experts: Tensor, num_experts: int, block_m: int) -> tuple[T
     expert_ids = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
     total = ends[-1:].to(torch.int32)
     return sorted_ids, expert_ids, total
+
+
+def pair_rows(x: Tensor, experts: Tensor, act_perm: Tensor) -> Tensor:
+    """``[P, H]``: row ``p = m * top_k + j`` is ``x[m, act_perm[experts[m, j]]]``, token m's activations
+    in the input order of its j-th expert's fc1 (act-order experts, ``fused_moe``'s ``w13_act_perm``)."""
+    m, top_k = experts.shape
+    tokens = x.unsqueeze(1).expand(m, top_k, x.shape[1]).reshape(m * top_k, x.shape[1])
+    return tokens.gather(1, act_perm[experts.reshape(-1).to(torch.int64)])
+
+
+def fc1_row_div(x: Tensor, experts: Tensor) -> int:
+    """fc1's pair -> activation row divisor: ``top_k`` when ``x`` holds one row per token, 1 when it
+    holds one row per pair (:func:`pair_rows`); the two agree at top_k = 1."""
+    m, top_k = experts.shape
+    return top_k if x.shape[0] == m else 1

@@ -36,7 +36,7 @@ from torch import Tensor
 from .._autotune import m_bucket, pick_config
 from ..kernel_family import KernelFamily, Problem, Registry
 from . import gemv, gemv_words, grouped_words
-from .align import align_block_size
+from .align import align_block_size, fc1_row_div, pair_rows
 from .grouped_gemm import moe_gemm, moe_sum
 from .routing import topk_routing_triton
 
@@ -83,7 +83,7 @@ def run_fused_moe(
     else:
         a1, a1_scale = x, None
     route = (sorted_ids, expert_ids, total, pairs)
-    h = moe_gemm(a1, a1_scale, w13, w13_scale, w13_zeros, w13_group_scale, None, *route, top_k, True,
+    h = moe_gemm(a1, a1_scale, w13, w13_scale, w13_zeros, w13_group_scale, None, *route, fc1_row_div(x, experts), True,
                  weight_bits, act_bits, group_size, cfg, x.dtype)  # fmt: skip
     if act_bits == 8:
         a2, a2_scale = quant_per_token_int8_triton(h)
@@ -118,14 +118,15 @@ def config_key(m, e, i, h, top_k, weight_bits, act_bits, group_size, dtype) -> t
 
 def fused_moe_triton(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size,
+    weight_bits, act_bits, group_size, w13_act_perm=None,
 ) -> Tensor:  # fmt: skip
-    """Route, pick the config for this shape (cache / shipped / one measurement) and run it."""
+    """Route, pick the config for this shape (cache / shipped / one measurement) and run it. With
+    ``w13_act_perm`` the families get one activation row per pair, gathered in its expert's order."""
     m, h = x.shape
     e, two_i = w13.shape[:2]
     weights, experts = topk_routing_triton(router_logits, top_k, renormalize)
     args = (
-        x,
+        x if w13_act_perm is None else pair_rows(x, experts, w13_act_perm),
         weights,
         experts,
         w13,

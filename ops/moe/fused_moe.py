@@ -12,6 +12,11 @@ output rows and K its inputs: N = 2I, K = H for ``w13``, N = H, K = I for ``w2``
     w2             [E, H, K*]   each expert's down projection
     <w>_scale, <w>_zeros, <w>_group_scale   per weight, by format (below); None where not used
     weight_bits, act_bits, group_size       the format
+    w13_act_perm   int64 [E, H] or None: weight-only experts whose w13 input channels are stored in
+                   act-order (GPTQ ``desc_act``): expert e's fc1 reads x[m, w13_act_perm[e]] (row e
+                   a permutation of 0 .. H-1). An act-order w2 needs no argument: its permutation is
+                   applied to the rows of w13 (gate and up alike) when the experts are built, so h
+                   comes out in w2's order (qfuse/moe.py).
 
 Formats (one per scheme; the per-expert slices are exactly the dense ops' layouts)::
 
@@ -37,6 +42,7 @@ Math (all float arithmetic float32, evaluated left to right; round = to nearest 
                            renormalize: w[m, j] /= sum_j' w[m, j']
     for each pair (m, j), expert e = e[m, j]:
       fc1, 16-bit activations:  acc = x[m] @ w_hat13[e].T                      float32 accumulator [2I]
+                                (x[m, w13_act_perm[e]] @ w_hat13[e].T with w13_act_perm)
           int8 activations:     xq, xs = quant_per_token_int8(x)  (ops/quant_int8.py, per token row)
                                 acc = float32(sum_k int32(xq[m, k]) * w_int13[e, :, k]) * xs[m] * scale13[e]
       g, u = acc[:I], acc[I:]
@@ -54,7 +60,8 @@ floor keeps 0/0 out), and a large negative gate gives -0 * up, never NaN.
 Reference kernel (CPU): a loop over the experts that received tokens, the math above as
 written, reusing the dense ops' dequantizers and exact int8 matmul. CUDA: Triton
 (ops/moe/dispatch.py): routing, token sorting into per-expert blocks (align.py), one grouped
-GEMM launch for fc1 with the SiLU-and-mul epilogue, per-token int8 quantization of h (int8
+GEMM launch for fc1 with the SiLU-and-mul epilogue (with ``w13_act_perm``, fc1 reads one gathered
+activation row per pair instead of one per token), per-token int8 quantization of h (int8
 activations), one grouped GEMM launch for fc2 with the routing-weight epilogue, and the
 top-k sum in j order. The int8 accumulators and the top-k sum are bit-exact to the reference;
 the float accumulators differ by float32 summation order, and exp / the rounding of h may
@@ -146,7 +153,7 @@ def _check_weight(name: str, w, scale, zeros, group_scale, e: int, n: int, k: in
 
 def check_fused_moe_args(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size,
+    weight_bits, act_bits, group_size, w13_act_perm=None,
 ) -> tuple[int, int, int, int]:  # fmt: skip
     """Validate every argument of ``fused_moe`` (metadata only); return (M, H, I, E)."""
     check_tensor(OP, "x", x)
@@ -189,15 +196,27 @@ def check_fused_moe_args(
     check_tensor(OP, "w2", w2)
     check_ndim(OP, "w2", w2, 3, "[E, H, K*]")
     _check_weight("w2", w2, w2_scale, w2_zeros, w2_group_scale, e, h, i, x.dtype, weight_bits, act_bits, group_size)
+    if w13_act_perm is not None:
+        if act_bits != 16 or weight_bits == 16:
+            _absent("w13_act_perm", w13_act_perm, f"for {FORMATS[(weight_bits, act_bits)]}: act-order applies to weight-only quantized experts")
+        check_tensor(OP, "w13_act_perm", w13_act_perm)
+        check_dtype(OP, "w13_act_perm", w13_act_perm, torch.int64)
+        check_shape(OP, "w13_act_perm", w13_act_perm, (e, h), "[E, H]: each expert's w13 input channel order")
+        check_contiguous(OP, "w13_act_perm", w13_act_perm)
     check_same_device(
         OP, "x", x, router_logits=router_logits, w13=w13, w13_scale=w13_scale, w13_zeros=w13_zeros, w13_group_scale=w13_group_scale,
-        w2=w2, w2_scale=w2_scale, w2_zeros=w2_zeros, w2_group_scale=w2_group_scale,
+        w2=w2, w2_scale=w2_scale, w2_zeros=w2_zeros, w2_group_scale=w2_group_scale, w13_act_perm=w13_act_perm,
     )  # fmt: skip
     return m, h, i, e
 
 
-def check_fused_moe_values(w13_zeros, w13_group_scale, w2_zeros, w2_group_scale, weight_bits: int) -> None:
+def check_fused_moe_values(w13_zeros, w13_group_scale, w2_zeros, w2_group_scale, weight_bits: int, w13_act_perm=None) -> None:
     """The value checks (they read data: reference path and load time only, never the CUDA kernel)."""
+    if w13_act_perm is not None:
+        natural = torch.arange(w13_act_perm.shape[1], device=w13_act_perm.device).expand_as(w13_act_perm)
+        bad = (torch.sort(w13_act_perm, dim=1).values != natural).any(dim=1).nonzero()
+        if bad.numel():
+            raise ValueError(f"qfuse.{OP}: w13_act_perm[{int(bad[0])}] is not a permutation of 0..{w13_act_perm.shape[1] - 1}")
     for name, z in (("w13_zeros", w13_zeros), ("w2_zeros", w2_zeros)):
         if z is not None:
             check_int_range(OP, name, z, 0, 1 << weight_bits, f" for bits={weight_bits}")
@@ -236,7 +255,7 @@ def sum_topk(contrib: Tensor, dtype: torch.dtype) -> Tensor:
 
 def fused_moe_ref(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size,
+    weight_bits, act_bits, group_size, w13_act_perm=None,
 ) -> Tensor:  # fmt: skip
     """Reference kernel for ``fused_moe``: a loop over the experts that received tokens."""
     m, h = x.shape
@@ -248,8 +267,9 @@ def fused_moe_ref(
         rows, slots = torch.where(experts == e)
         if rows.numel() == 0:
             continue
+        a = a1[rows] if w13_act_perm is None else a1[rows][:, w13_act_perm[e]]
         acc = expert_matmul(
-            a1[rows], None if a1_scale is None else a1_scale[rows], w13[e], _at(w13_scale, e), _at(w13_zeros, e), _at(w13_group_scale, e),
+            a, None if a1_scale is None else a1_scale[rows], w13[e], _at(w13_scale, e), _at(w13_zeros, e), _at(w13_group_scale, e),
             weight_bits, act_bits, group_size,
         )  # fmt: skip
         hidden = silu_and_mul(acc[:, :i], acc[:, i:]).to(x.dtype)
@@ -276,34 +296,35 @@ def fused_moe(
     weight_bits: int,
     act_bits: int,
     group_size: int,
+    w13_act_perm: Tensor | None = None,
 ) -> Tensor:
     """Top-k routed SiLU-gated expert MLPs with float, W8A16, W4A16, W8A8 or W4A8 experts (module docstring)."""
     args = (x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale)
-    check_fused_moe_args(*args, weight_bits, act_bits, group_size)
-    check_fused_moe_values(w13_zeros, w13_group_scale, w2_zeros, w2_group_scale, weight_bits)  # reads data: reference path only
-    return fused_moe_ref(*args, weight_bits, act_bits, group_size)
+    check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm)
+    check_fused_moe_values(w13_zeros, w13_group_scale, w2_zeros, w2_group_scale, weight_bits, w13_act_perm)  # reads data: reference path only
+    return fused_moe_ref(*args, weight_bits, act_bits, group_size, w13_act_perm)
 
 
 @fused_moe.register_kernel("cuda")
 def _fused_moe_cuda(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size,
+    weight_bits, act_bits, group_size, w13_act_perm=None,
 ):  # fmt: skip
     """Routing, block-aligned token sorting and two grouped-GEMM launches in Triton (ops/moe/dispatch.py)."""
     args = (x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale)
-    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size)
+    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm)
     if m == 0:  # not the reference: its per-expert token lookup would read device data
         return torch.empty((0, h), dtype=x.dtype, device=x.device)
     from .dispatch import fused_moe_triton
 
-    return fused_moe_triton(*args, weight_bits, act_bits, group_size)
+    return fused_moe_triton(*args, weight_bits, act_bits, group_size, w13_act_perm)
 
 
 @fused_moe.register_fake
 def _fused_moe_fake(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size,
+    weight_bits, act_bits, group_size, w13_act_perm=None,
 ):  # fmt: skip
     args = (x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale)
-    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size)
+    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm)
     return torch.empty((m, h), dtype=x.dtype, device=x.device)

@@ -35,6 +35,7 @@ from .._launch import launch
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
 from ..wna16.common import codes_minus_zero, load_codes, zero_plus_magic
+from .align import fc1_row_div
 from .grouped_gemm import moe_sum
 
 
@@ -137,7 +138,7 @@ def run_moe_gemv(
     top_k = experts.shape[1]
     x = x.contiguous()
     experts = experts.contiguous()
-    h = moe_gemv(x, w13, w13_scale, w13_zeros, None, experts, top_k, True, weight_bits, group_size, cfg, x.dtype)
+    h = moe_gemv(x, w13, w13_scale, w13_zeros, None, experts, fc1_row_div(x, experts), True, weight_bits, group_size, cfg, x.dtype)
     y = moe_gemv(h, w2, w2_scale, w2_zeros, weights.contiguous(), experts, 1, False, weight_bits, group_size, cfg, x.dtype)
     return moe_sum(y, top_k, x.dtype)
 

@@ -30,6 +30,7 @@ from .._autotune import m_bucket
 from ..kernel_family import KernelFamily, Problem
 from ..wna16.dispatch import accumulate_form, fp32_accumulate
 from ..wna16.gemv_words import wna16_gemv_words, words_supported
+from .align import fc1_row_div
 from .fused_moe import silu_and_mul
 from .grouped_gemm import moe_sum, silu_and_mul_rows
 
@@ -44,7 +45,7 @@ def run_moe_gemv_words(
     i = w13.shape[1] // 2
     pairs = experts.reshape(-1).to(torch.int32).contiguous()
     x = x.contiguous()
-    gu = wna16_gemv_words(x, w13, w13_scale, w13_zeros, None, weight_bits, group_size, cfg, pairs, top_k, torch.float32)
+    gu = wna16_gemv_words(x, w13, w13_scale, w13_zeros, None, weight_bits, group_size, cfg, pairs, fc1_row_div(x, experts), torch.float32)
     if cfg.get("FUSED_ACT"):  # one launch each for SiLU-and-mul and the weighted top-k sum (same float ops)
         h = silu_and_mul_rows(gu, x.dtype)
     else:

@@ -38,7 +38,7 @@ from .._views import aligned_view
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
 from ..wna16.mma_words import LAUNCH_OPTIONS, mma_words_supported, words_mma_step, words_neg_zero
-from .align import align_block_size
+from .align import align_block_size, fc1_row_div
 from .grouped_gemm import moe_sum
 
 
@@ -128,7 +128,7 @@ def run_moe_grouped_words(
     top_k = experts.shape[1]
     pairs = experts.numel()
     route = align_block_size(experts, w13.shape[0], cfg["BLOCK_M"])
-    h = moe_mma_words(x.contiguous(), w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, top_k, 1)
+    h = moe_mma_words(x.contiguous(), w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, fc1_row_div(x, experts), 1)
     y = moe_mma_words(h, w2, w2_scale, w2_zeros, weights.reshape(-1).contiguous(), group_size, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1))
     return moe_sum(y, top_k, x.dtype)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from qfuse.ops.moe.align import align_block_size, padded_capacity
+from qfuse.ops.moe.align import align_block_size, fc1_row_div, padded_capacity, pair_rows
 
 
 def check_alignment(experts: torch.Tensor, num_experts: int, block_m: int) -> None:
@@ -42,3 +42,17 @@ def test_capacity_is_tight_for_decode():
     # M = 1, top-8 of 64 experts: 8 pairs in 8 blocks, not 64 experts' worth of padding
     assert padded_capacity(8, 64, 16) == 8 + 8 * 15
     check_alignment(torch.randperm(64)[:8].reshape(1, 8), 64, 16)
+
+
+def test_pair_rows_gathers_each_token_in_its_experts_order():
+    m, top_k, e, h = 5, 3, 4, 16
+    x = torch.randn(m, h).to(torch.bfloat16)
+    experts = torch.stack([torch.randperm(e)[:top_k] for _ in range(m)])
+    perm = torch.stack([torch.randperm(h) for _ in range(e)])
+    rows = pair_rows(x, experts, perm)
+    assert rows.shape == (m * top_k, h) and rows.dtype == x.dtype
+    for t in range(m):
+        for j in range(top_k):
+            assert torch.equal(rows[t * top_k + j], x[t, perm[experts[t, j]]])
+    assert fc1_row_div(x, experts) == top_k and fc1_row_div(rows, experts) == 1
+    assert fc1_row_div(x, experts[:, :1]) == 1  # top_k = 1: one row per token is one per pair

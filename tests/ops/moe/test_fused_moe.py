@@ -72,8 +72,9 @@ def fake_quant_rows(t):
     return torch.round(t / s).clamp(-128, 127) * s
 
 
-def moe_float64(x, logits, top_k, renormalize, args):
-    """The op's math in float64, token by token (h rounded to x.dtype as the op does)."""
+def moe_float64(x, logits, top_k, renormalize, args, w13_act_perm=None):
+    """The op's math in float64, token by token (h rounded to x.dtype as the op does); with
+    ``w13_act_perm`` expert e's fc1 reads ``x[m, w13_act_perm[e]]``."""
     *tensors, bits, act_bits, group_size = args
     w13 = dequantize64(*tensors[:4], bits, act_bits, group_size, x.dtype)
     w2 = dequantize64(*tensors[4:], bits, act_bits, group_size, x.dtype)
@@ -84,7 +85,7 @@ def moe_float64(x, logits, top_k, renormalize, args):
         xin = fake_quant_rows(x[m].double()) if act_bits == 8 else x[m].double()
         for j in range(top_k):
             e = experts[m, j]
-            acc = w13[e] @ xin
+            acc = w13[e] @ (xin if w13_act_perm is None else xin[w13_act_perm[e]])
             h = (torch.nn.functional.silu(acc[:i]) * acc[i:]).to(x.dtype).double()
             if act_bits == 8:
                 h = fake_quant_rows(h)
@@ -220,3 +221,43 @@ def test_rejects_bad_int8_formats():
         torch.ops.qfuse.fused_moe(*_replace(a, 5, torch.ones(4, 64)))
     with pytest.raises(TypeError, match="w13 must be bfloat16"):
         torch.ops.qfuse.fused_moe(*_replace(a, 4, a[4].half()))
+
+
+def random_act_perm(e, h, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(h, generator=g) for _ in range(e)])
+
+
+@pytest.mark.parametrize("fmt", ["W4A16_G32", "W8A16_ASYM_G32", "W4A16_ASYM_CH"])
+def test_act_order_reference_matches_float64(fmt):
+    e, h, i = 4, 64, 32
+    for m in (1, 7, 16):
+        x, logits, args = make_moe(fmt, m, h, i, e, torch.bfloat16)
+        perm = random_act_perm(e, h, m)
+        out = torch.ops.qfuse.fused_moe(x, logits, 2, True, *args, perm)
+        ref = moe_float64(x, logits, 2, True, args, perm)
+        err, scale = (out.double() - ref).abs().max().item(), ref.abs().max().item()
+        assert err <= 4 * torch.finfo(torch.bfloat16).eps * scale, f"{fmt} M={m}: {err:.3g}"
+        # the permutation matters: reading x in natural order is far off
+        assert (torch.ops.qfuse.fused_moe(x, logits, 2, True, *args).double() - ref).abs().max() > 0.1 * scale
+
+
+def test_act_order_opcheck():
+    x, logits, args = make_moe("W4A16_G32", 3, 64, 32, 4, torch.bfloat16)
+    torch.library.opcheck(torch.ops.qfuse.fused_moe.default, (x, logits, 2, True, *args, random_act_perm(4, 64)))
+
+
+def test_act_order_rejects_bad_permutations():
+    a = _args()
+    perm = random_act_perm(4, 64)
+    with pytest.raises(ValueError, match=r"w13_act_perm must have shape \(4, 64\)"):
+        torch.ops.qfuse.fused_moe(*a, perm[:, :32].contiguous())
+    with pytest.raises(TypeError, match="w13_act_perm must be int64"):
+        torch.ops.qfuse.fused_moe(*a, perm.int())
+    twice = perm.clone()
+    twice[2, 0] = twice[2, 1]
+    with pytest.raises(ValueError, match=r"w13_act_perm\[2\] is not a permutation of 0..63"):
+        torch.ops.qfuse.fused_moe(*a, twice)
+    for fmt in ("W8A8", "W4A8_G32", "bf16"):
+        with pytest.raises(ValueError, match="w13_act_perm must be None for .*act-order applies to weight-only quantized experts"):
+            torch.ops.qfuse.fused_moe(*_args(fmt, dtype=torch.bfloat16), perm)
