@@ -152,14 +152,6 @@ def load_experts(reader, site: MoeSite, rows: list[list[LayerSpec]], dtype: torc
         except ValueError as e:
             raise CheckpointError(f"{where}: {e}") from None
     layers = [tuple(reader.build(spec, dtype) for spec in row) for row in rows]
-    for row, built in zip(rows, layers):
-        for spec, layer in zip(row, built):
-            if layer.act_perm is not None:
-                raise CheckpointError(
-                    f"{reader.files.where(spec.prefix)}: expert layer {spec.prefix} has act-order groups (GPTQ desc_act / "
-                    "compressed-tensors actorder with a g_idx that is not k // group_size); qfuse::fused_moe reads the experts' "
-                    "input channels in natural order, so such experts do not load (desc_act=False or per-channel checkpoints do)"
-                )
     try:
         experts = QuantExperts.from_expert_layers(layers, top_k, renormalize, rows[0][0].scheme, f"{site.disk}.experts")
     except ValueError as e:

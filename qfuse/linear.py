@@ -85,6 +85,13 @@ class QuantLinear(nn.Module):
         bias, act_perm = sliced.pop("bias"), sliced.pop("act_perm")
         return QuantLinear(self.in_features, stop - start, self.scheme, sliced, bias, act_perm)
 
+    def take_rows(self, index: Tensor) -> "QuantLinear":
+        """Output channels ``index`` (int64 ``[n]``), in that order, as a QuantLinear of the same scheme
+        (copies of this one's per-row buffers; the input permutation and per-tensor buffers shared)."""
+        taken = {n: b.index_select(0, index.to(b.device)) if self._per_row(n) else b for n, b in self._buffers.items()}
+        bias, act_perm = taken.pop("bias"), taken.pop("act_perm")
+        return QuantLinear(self.in_features, index.numel(), self.scheme, taken, bias, act_perm)
+
     @classmethod
     def concat(cls, layers: list["QuantLinear"]) -> "QuantLinear":
         """One QuantLinear whose output is the layers' outputs side by side (``torch.cat(..., -1)``),

@@ -41,6 +41,9 @@ from .schemes import Scheme, get_scheme
 SPARSE_MOE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _TENSOR_NAMES = ("w13", "w13_scale", "w13_zeros", "w13_group_scale", "w2", "w2_scale", "w2_zeros", "w2_group_scale")
+# act-order experts (GPTQ desc_act / compressed-tensors group actorder checkpoints): int64 [E, H] and [E, I],
+# the input channel order of each expert's stored w13 and w2 (QuantExperts.from_expert_layers)
+_ACT_PERM_NAMES = ("w13_act_perm", "w2_act_perm")
 # Checkpoint names of a block's experts, as transformers 5.24 saves them (conversion_mapping.py:
 # "mixtral" renames ".block_sparse_moe." to ".mlp." on load and merges experts.*.w1 / w3 into
 # gate_up_proj and w2 into down_proj; "qwen2_moe", also used for "qwen3_moe", merges
@@ -129,6 +132,34 @@ def check_moe_quantizable(gate_up: Tensor, down: Tensor, scheme: Scheme | None, 
             raise ValueError(f"{name}: experts.{label} has {int((~torch.isfinite(w)).sum())} NaN/inf value(s) of {w.numel()}")
 
 
+def _act_order_moved_to_rows(layers: list[tuple[QuantLinear, QuantLinear, QuantLinear]], scheme: Scheme, name: str):
+    """``(layers, {"w13_act_perm", "w2_act_perm"})``: each expert's down act-order moved onto its gate and up
+    rows, and the experts' input orders stacked (None where no expert has one; see ``from_expert_layers``)."""
+    if all(lin.act_perm is None for triple in layers for lin in triple):
+        return layers, {}
+    if not scheme.weight_only:
+        raise ValueError(f"{name}: act-order experts must be weight-only, not {scheme.name}")
+    moved, w13_perm, w2_perm = [], [], []
+    for e, (gate, up, down) in enumerate(layers):
+        h, i = gate.in_features, down.in_features
+        same = gate.act_perm is None and up.act_perm is None
+        same = same or (gate.act_perm is not None and up.act_perm is not None and torch.equal(gate.act_perm, up.act_perm))
+        if not same:
+            raise ValueError(f"{name}.{e}: gate and up read the same input but have different act-order input orders; fused_moe needs one")
+        if down.act_perm is not None:
+            gate, up = gate.take_rows(down.act_perm), up.take_rows(down.act_perm)
+        device = gate.scales.device
+        w13_perm.append(gate.act_perm if gate.act_perm is not None else torch.arange(h, device=device))
+        w2_perm.append(down.act_perm if down.act_perm is not None else torch.arange(i, device=device))
+        moved.append((gate, up, down))
+    perms = {}
+    if any(lin.act_perm is not None for lin, _, _ in layers):
+        perms["w13_act_perm"] = torch.stack(w13_perm).to(torch.int64).contiguous()
+    if any(lin.act_perm is not None for _, _, lin in layers):
+        perms["w2_act_perm"] = torch.stack(w2_perm).to(torch.int64).contiguous()
+    return moved, perms
+
+
 class QuantExperts(nn.Module):
     """E SiLU-gated expert MLPs with prepacked weights (buffers: ``state_dict`` round-trips), run by
     ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16)."""
@@ -142,7 +173,7 @@ class QuantExperts(nn.Module):
         self.top_k = top_k
         self.renormalize = renormalize
         self.scheme = None if scheme is None else get_scheme(scheme)
-        for name in _TENSOR_NAMES:
+        for name in _TENSOR_NAMES + _ACT_PERM_NAMES:
             self.register_buffer(name, tensors.get(name))
 
     @classmethod
@@ -178,12 +209,13 @@ class QuantExperts(nn.Module):
         w13, w2 = (self.w13.to(x.dtype), self.w2.to(x.dtype)) if bits == 16 else (self.w13, self.w2)
         return torch.ops.qfuse.fused_moe(
             x, router_logits, self.top_k, self.renormalize, w13, w13_scale, self.w13_zeros, self.w13_group_scale,
-            w2, w2_scale, self.w2_zeros, self.w2_group_scale, bits, act_bits, group_size,
+            w2, w2_scale, self.w2_zeros, self.w2_group_scale, bits, act_bits, group_size, self.w13_act_perm,
         )  # fmt: skip
 
     def dequantized_weights(self) -> tuple[Tensor, Tensor]:
         """``(gate_up [E, 2I, H], down [E, H, I])``: the float weights the kernel multiplies by (weight-only:
-        in the scales' dtype; int8 activations: float32 ``scale * w_int``, the activations being quantized too)."""
+        in the scales' dtype; int8 activations: float32 ``scale * w_int``, the activations being quantized too),
+        in the model's channel order (act-order undone)."""
         bits, act_bits, group_size = self.format
         if bits == 16:
             return self.w13, self.w2
@@ -201,11 +233,21 @@ class QuantExperts(nn.Module):
                 else:
                     per_expert.append(dequantize_w4a8(w[e], s[e].float(), None if gs is None else gs[e], group_size))
             out.append(torch.stack(per_expert))
-        return out[0], out[1]
+        gate_up, down = out
+        if self.w2_act_perm is not None:  # w13's rows and w2's columns are stored in w2's act order
+            i = self.intermediate_size
+            inverse = torch.argsort(self.w2_act_perm, dim=1)
+            rows = torch.cat([inverse, inverse + i], dim=1)
+            gate_up = torch.gather(gate_up, 1, rows.unsqueeze(2).expand_as(gate_up))
+            down = torch.empty_like(down).scatter_(2, self.w2_act_perm.unsqueeze(1).expand_as(down), down)
+        if self.w13_act_perm is not None:
+            gate_up = torch.empty_like(gate_up).scatter_(2, self.w13_act_perm.unsqueeze(1).expand_as(gate_up), gate_up)
+        return gate_up, down
 
     def expert_layers(self, e: int) -> tuple[QuantLinear, QuantLinear, QuantLinear]:
         """Expert ``e``'s gate ``[I, H]``, up ``[I, H]`` and down ``[H, I]`` projections as QuantLinears of
-        the experts' scheme, each exactly a dense layer of that scheme; their buffers are views of this module's."""
+        the experts' scheme, each exactly a dense layer of that scheme; their buffers are views of this module's
+        (act-order experts: the layers as loaded, each with its ``act_perm``; gate and up are then copies)."""
         if self.scheme is None:
             raise ValueError("expert_layers: the experts are not quantized (scheme=None); their float weights are w13 and w2")
         if not 0 <= e < self.num_experts:
@@ -216,7 +258,12 @@ class QuantExperts(nn.Module):
         for w, rows, k in (("w13", slice(0, i), h), ("w13", slice(i, 2 * i), h), ("w2", slice(0, h), i)):
             tensors = {lin: getattr(self, w + suffix) for suffix, lin in names.items()}
             tensors = {lin: None if t is None else t[e, rows] for lin, t in tensors.items()}
-            out.append(QuantLinear(k, rows.stop - rows.start, self.scheme, tensors, None))
+            perm = self.w2_act_perm if w == "w2" else self.w13_act_perm
+            perm = None if perm is None or torch.equal(perm[e], torch.arange(k, device=perm.device)) else perm[e]  # natural: none
+            out.append(QuantLinear(k, rows.stop - rows.start, self.scheme, tensors, None, perm))
+        if out[2].act_perm is not None:  # gate / up rows back from down's act order (from_expert_layers)
+            inverse = torch.argsort(out[2].act_perm)
+            out[0], out[1] = out[0].take_rows(inverse), out[1].take_rows(inverse)
         return out[0], out[1], out[2]
 
     @classmethod
@@ -226,7 +273,15 @@ class QuantExperts(nn.Module):
         """The inverse of :meth:`expert_layers`: each expert's ``(gate, up, down)`` QuantLinears of ``scheme``,
         stacked into the fused buffers. With an asymmetric weight-only scheme, a layer without zero points
         (a checkpoint reader drops zero points that all equal 2**(bits-1)) gets them back. A ValueError
-        names the first layer that does not fit (shape, scheme, bias, act-order)."""
+        names the first layer that does not fit (shape, scheme, bias, act-order).
+
+        Act-order layers (``act_perm``: GPTQ ``desc_act``, compressed-tensors group actorder; weight-only
+        schemes): gate and up, which read the same input, must share one input order, kept as
+        ``w13_act_perm[e]`` (``fused_moe`` gathers each pair's activations in it). Down's order ``p`` costs
+        nothing at run time: gate's and up's rows are stored in that order (``rows'[j] = rows[p[j]]``), so
+        ``h`` comes out as ``h[p]``, which is what down's stored columns multiply; ``w2_act_perm[e] = p`` is
+        kept for :meth:`expert_layers` and :meth:`dequantized_weights`. Experts without act-order in a block
+        that has some get the identity."""
         scheme = get_scheme(scheme)
         if not layers:
             raise ValueError(f"{name}: no experts")
@@ -238,6 +293,7 @@ class QuantExperts(nn.Module):
         if not scheme.weight_only and scheme.weight_bits == 8 and scheme.group_size != -1:
             raise ValueError(f"{name}: W8A8 experts are per channel")
         names = _linear_names(scheme)
+        layers, perms = _act_order_moved_to_rows(layers, scheme, name)
         parts: dict[str, list[list[Tensor | None]]] = {}
         for e, triple in enumerate(layers):
             for j, (lin, (n, k)) in enumerate(zip(triple, ((i, h), (i, h), (h, i)))):
@@ -251,8 +307,6 @@ class QuantExperts(nn.Module):
                     raise ValueError(f"{label}: scheme {s.name}, the other experts' is {scheme.name}")
                 if lin.bias is not None:
                     raise ValueError(f"{label}: has a bias; fused_moe experts have none")
-                if lin.act_perm is not None:
-                    raise ValueError(f"{label}: has act-order (act_perm); fused_moe experts run in natural input order")
                 for suffix, attr in names.items():
                     t = getattr(lin, attr, None)
                     if suffix == "_zeros" and t is None and not scheme.symmetric:
@@ -270,7 +324,7 @@ class QuantExperts(nn.Module):
                 tensors[key] = None
                 continue
             tensors[key] = torch.stack([torch.cat(ts) if len(ts) > 1 else ts[0] for ts in per_expert]).contiguous()
-        return cls(len(layers), h, i, top_k, renormalize, scheme, tensors)
+        return cls(len(layers), h, i, top_k, renormalize, scheme, {**tensors, **perms})
 
     def weight_bytes(self) -> int:
         """Bytes of every expert buffer (codes, scales, zero points)."""

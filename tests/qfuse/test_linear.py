@@ -62,3 +62,16 @@ def test_from_linear_errors():
         qfuse.QuantLinear.from_linear(nn.Linear(100, 8).half(), "W4A8_G128")
     with pytest.raises(ValueError, match="in_features=129 must be even"):
         qfuse.QuantLinear.from_linear(nn.Linear(129, 8).half(), "W4A8")
+
+
+@pytest.mark.parametrize("scheme", ["W4A16_ASYM", "W8A8", "W4A8_G128"])
+def test_take_rows_is_the_outputs_in_that_order(scheme):
+    torch.manual_seed(0)
+    q = qfuse.QuantLinear.from_linear(nn.Linear(256, 96, bias=True).to(torch.bfloat16), scheme)
+    q.act_perm = torch.randperm(256)
+    index = torch.randperm(96)[:40]
+    taken = q.take_rows(index)
+    assert (taken.in_features, taken.out_features, taken.scheme) == (256, 40, q.scheme) and taken.act_perm is q.act_perm
+    assert torch.equal(taken.dequantized_weight(), q.dequantized_weight()[index])
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    assert torch.equal(taken(x), q(x)[:, index])

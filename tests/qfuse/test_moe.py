@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import qfuse
 from qfuse.linear import QuantLinear
@@ -163,3 +164,65 @@ def test_compile_fullgraph_matches_eager():
     assert out.shape == eager.shape
     # Inductor fuses the shared expert's sigmoid gate and the add without bf16 roundings between them
     assert (out.float() - eager.float()).abs().max() <= 4 * torch.finfo(torch.bfloat16).eps * eager.float().abs().max()
+
+
+def _act_order_layer(weight: torch.Tensor, perm: torch.Tensor, scheme: str) -> QuantLinear:
+    """A layer quantized in input order ``perm`` (groups of consecutive permuted columns), as act-order checkpoints store it."""
+    stored = QuantLinear.from_linear(_linear_of(weight[:, perm]), scheme)
+    stored.act_perm = perm
+    return stored
+
+
+def _linear_of(weight: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    return lin
+
+
+def test_act_order_expert_layers_stack_and_round_trip():
+    """Experts 1 and 3 in act order (gate / up sharing one input order, down its own), 0 and 2 natural: the
+    stacked experts compute what the float experts of their dequantized weights do, and hand the layers back."""
+    torch.manual_seed(0)
+    e, h, i = 4, 256, 256
+    gate_up = (torch.randn(e, 2 * i, h) / h**0.5).to(torch.bfloat16)
+    down = (torch.randn(e, h, i) / i**0.5).to(torch.bfloat16)
+    layers = []
+    for k in range(e):
+        if k % 2:
+            p13, p2 = torch.randperm(h), torch.randperm(i)
+            layers.append(
+                (
+                    _act_order_layer(gate_up[k, :i], p13, "W4A16"),
+                    _act_order_layer(gate_up[k, i:], p13, "W4A16"),
+                    _act_order_layer(down[k], p2, "W4A16"),
+                )
+            )
+        else:
+            layers.append(tuple(QuantLinear.from_linear(_linear_of(w), "W4A16") for w in (gate_up[k, :i], gate_up[k, i:], down[k])))
+    experts = QuantExperts.from_expert_layers(layers, 2, True, "W4A16")
+    assert torch.equal(experts.w13_act_perm[0], torch.arange(h)) and torch.equal(experts.w13_act_perm[1], layers[1][0].act_perm)
+    assert torch.equal(experts.w2_act_perm[3], layers[3][2].act_perm)
+    for k in range(e):
+        for got, want in zip(experts.expert_layers(k), layers[k]):
+            assert torch.equal(got.dequantized_weight(), want.dequantized_weight())
+            assert (got.act_perm is None) == (want.act_perm is None) and (want.act_perm is None or torch.equal(got.act_perm, want.act_perm))
+    w13, w2 = experts.dequantized_weights()
+    for k in range(e):
+        assert torch.equal(w13[k], torch.cat([layers[k][0].dequantized_weight(), layers[k][1].dequantized_weight()]))
+        assert torch.equal(w2[k], layers[k][2].dequantized_weight())
+    float_experts = QuantExperts(e, h, i, 2, True, None, {"w13": w13, "w2": w2})
+    x = torch.randn(9, h).to(torch.bfloat16)
+    logits = torch.randn(9, e).to(torch.bfloat16)
+    with torch.no_grad():
+        out, ref = experts(x, logits), float_experts(x, logits)
+    assert (out.float() - ref.float()).abs().max() <= 4 * torch.finfo(torch.bfloat16).eps * ref.float().abs().max()
+
+
+def test_act_order_experts_must_be_weight_only():
+    block = _block(tiny_moe_model("mixtral"))
+    experts = QuantMoE.from_block(block, "W8A8").experts
+    layers = [list(experts.expert_layers(k)) for k in range(experts.num_experts)]
+    layers[2][2].act_perm = torch.randperm(128)
+    with pytest.raises(ValueError, match="experts: act-order experts must be weight-only, not W8A8"):
+        QuantExperts.from_expert_layers(layers, 2, True, "W8A8")

@@ -2,7 +2,8 @@
 configs) load into :class:`qfuse.moe.QuantMoE` bit-exactly: every expert layer of the checkpoint,
 written from the format reference (spec_writers.py) under the Hugging Face names, comes back from
 the stacked experts as the format's weight, and the model's logits are the float model's with
-those weights.
+those weights. GPTQ act-order (``desc_act``) experts with groups are written as GPTQ writes them: gate
+and up read the same input, so their Hessians, and with them their ``g_idx``, are the same.
 
 The checkpoints quantize what AutoAWQ / GPTQModel quantize in these models: the attention
 projections, the experts and Qwen2-MoE's shared expert; the router (``gate``), Qwen2-MoE's
@@ -19,7 +20,15 @@ from safetensors.torch import load_file, save_file
 
 import qfuse
 from qfuse.moe import QuantMoE
-from tests.qfuse.formats.spec_writers import check_loaded_layer, write_awq, write_gptq
+from tests.qfuse.formats.spec_writers import (
+    act_order_g_idx,
+    check_loaded_layer,
+    gptq_quantize,
+    natural_g_idx,
+    write_awq,
+    write_gptq,
+    write_gptq_layers,
+)
 from tests.qfuse.test_moe import tiny_moe_model
 
 transformers = pytest.importorskip("transformers")
@@ -53,12 +62,28 @@ def _write(tmp_path, arch: str, writer: str, **kw):
     path = tmp_path / writer
     if writer == "awq":
         specs = write_awq(path, weights, kw.pop("group_size"), extra)
-    else:
+    elif writer == "gptq" and kw.get("desc_act") and kw["group_size"] != -1:
+        specs = _gptq_act_order(path, weights, extra, **kw)
+    else:  # gptq, or gptq_independent: every layer its own random act order
         specs = write_gptq(path, weights, extra_tensors=extra, **kw)
     config = json.loads((tmp_path / "float" / "config.json").read_text())
     quantization = json.loads((path / "config.json").read_text())["quantization_config"]
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
     return model, path, specs, state
+
+
+def _gptq_act_order(path, weights: dict, extra: dict, *, bits: int, group_size: int, sym: bool, fmt: str = "gptq", desc_act: bool = True):
+    """A desc_act GPTQ checkpoint whose layers that read one input (an expert's gate and up) share their g_idx."""
+    g_idx = {}
+    specs = {}
+    for prefix, w in weights.items():
+        reads = prefix.rpartition(".")[0] if prefix.endswith((".w1", ".w3", ".gate_proj", ".up_proj")) else prefix
+        k = w.shape[1]
+        g = g_idx.setdefault(reads, act_order_g_idx(k, group_size))
+        assert not torch.equal(g, natural_g_idx(k, group_size))
+        specs[prefix] = gptq_quantize(w, bits, group_size, sym, g, 1 if fmt == "gptq" and not sym else 0)
+    write_gptq_layers(path, specs, bits=bits, group_size=group_size, sym=sym, fmt=fmt, desc_act=desc_act, extra_tensors=extra)
+    return specs
 
 
 def _ids() -> torch.Tensor:
@@ -72,6 +97,8 @@ CASES = [  # (arch, format, format arguments, the experts' qfuse scheme)
     ("mixtral", "gptq", {"bits": 4, "group_size": 32, "sym": False}, "W4A16_G32_ASYM"),
     ("qwen2_moe", "gptq", {"bits": 8, "group_size": -1, "sym": True, "fmt": "gptq_v2"}, "W8A16"),
     ("mixtral", "gptq", {"bits": 4, "group_size": -1, "sym": True, "desc_act": True}, "W4A16_CH"),  # act-order without groups: no permutation
+    ("mixtral", "gptq", {"bits": 4, "group_size": 32, "sym": True, "desc_act": True}, "W4A16_G32"),  # act-order groups
+    ("qwen2_moe", "gptq", {"bits": 8, "group_size": 64, "sym": False, "desc_act": True, "fmt": "gptq_v2"}, "W8A16_G64_ASYM"),
 ]
 
 
@@ -98,8 +125,29 @@ def test_experts_load_bit_exactly(tmp_path, arch, writer, kw, scheme):
     assert got.dtype == want.dtype and ((got - want).norm() / want.norm()).item() < 1e-2
 
 
-def test_act_order_experts_with_groups_are_refused_by_name(tmp_path):
-    _, path, _, _ = _write(tmp_path, "mixtral", "gptq", bits=4, group_size=32, sym=True, desc_act=True)
-    with pytest.raises(qfuse.CheckpointError, match=r"expert layer model\.layers\.0\.block_sparse_moe\.experts\.0\.w1 has act-order groups") as e:
+def test_act_order_experts_keep_their_order_through_save_and_reload(tmp_path):
+    """A loaded act-order block runs gate / up in down's order; saved, each expert layer is the checkpoint's
+    again (bit for bit, its act_perm kept), and the reload gives the same logits."""
+    _, path, specs, _ = _write(tmp_path, "mixtral", "gptq", bits=4, group_size=32, sym=True, desc_act=True)
+    model = qfuse.from_pretrained(path, progress=False)
+    experts = model.model.layers[1].mlp.experts
+    assert experts.w13_act_perm.shape == (EXPERTS, 256) and experts.w2_act_perm.shape == (EXPERTS, 256)
+    gate_up, down = experts.dequantized_weights()
+    for e in range(EXPERTS):
+        prefix = f"model.layers.1.block_sparse_moe.experts.{e}"
+        assert torch.equal(gate_up[e], torch.cat([specs[f"{prefix}.w1"].weight, specs[f"{prefix}.w3"].weight]))
+        assert torch.equal(down[e], specs[f"{prefix}.w2"].weight)
+    saved = qfuse.save_quantized(model, tmp_path / "saved", progress=False)
+    again = qfuse.from_pretrained(saved, progress=False)
+    for e in range(EXPERTS):
+        for got, want in zip(again.model.layers[1].mlp.experts.expert_layers(e), experts.expert_layers(e)):
+            assert torch.equal(got.dequantized_weight(), want.dequantized_weight()) and torch.equal(got.act_perm, want.act_perm)
+    with torch.inference_mode():
+        assert torch.equal(again(_ids(), use_cache=False).logits, model(_ids(), use_cache=False).logits)
+
+
+def test_gate_and_up_in_different_act_orders_are_refused_by_name(tmp_path):
+    """GPTQ gives gate and up one order (one input); a checkpoint where they differ cannot share fused_moe's gather."""
+    _, path, _, _ = _write(tmp_path, "mixtral", "gptq_independent", bits=4, group_size=32, sym=True, desc_act=True)
+    with pytest.raises(qfuse.CheckpointError, match=r"block_sparse_moe\.experts\.0: gate and up read the same input but have different act-order"):
         qfuse.from_pretrained(path, progress=False)
-    assert "desc_act=False or per-channel checkpoints do" in str(e.value)
