@@ -146,7 +146,7 @@ def _act_order_moved_to_rows(layers: list[tuple[QuantLinear, QuantLinear, QuantL
         same = same or (gate.act_perm is not None and up.act_perm is not None and torch.equal(gate.act_perm, up.act_perm))
         if not same:
             raise ValueError(f"{name}.{e}: gate and up read the same input but have different act-order input orders; fused_moe needs one")
-        if down.act_perm is not None:
+        if down.act_perm is not None and gate.out_features == up.out_features == i:  # other shapes: refused by the caller's checks
             gate, up = gate.take_rows(down.act_perm), up.take_rows(down.act_perm)
         device = gate.scales.device
         w13_perm.append(gate.act_perm if gate.act_perm is not None else torch.arange(h, device=device))
