@@ -10,6 +10,9 @@ M (tokens) in 1, 4, 16, 64, 256, 1024, 4096 by default (``--m``). Cases, all in 
 * ``bf16``, ``W8A16``, ``W4A16`` (group 128, symmetric), ``W8A8``, ``W4A8`` (per channel),
   ``W4A8_G128``: ``torch.ops.qfuse.fused_moe`` with the experts quantized and packed by
   ``qfuse.moe.QuantExperts.from_weights`` (the quantize_model path);
+* ``W4A16_ACTORDER``: ``W4A16``'s experts read as act-order ones (a GPTQ ``desc_act`` checkpoint):
+  a random input order per expert as ``w13_act_perm``, so fc1 reads one gathered activation row
+  per (token, expert) pair; its cost over ``W4A16`` is that gather (``--every-config`` skips it);
 * ``loop``: the naive bf16 peer, a Python loop over the experts the routing selects: routing
   (softmax, top-k, renormalize), gather of each expert's tokens, ``torch.matmul`` gate/up,
   ``silu(gate) * up``, ``torch.matmul`` down, routing-weighted ``index_add_`` (Hugging Face
@@ -79,7 +82,7 @@ GPU_SHAPES = ("mixtral-8x7b", "fine-grained")
 CPU_SHAPES = ("tiny", "tiny-fine")
 DEFAULT_M = (1, 4, 16, 64, 256, 1024, 4096)
 CPU_M = (1, 4, 16)
-CASES = ("bf16", "loop", "W8A16", "W4A16", "W8A8", "W4A8", "W4A8_G128")
+CASES = ("bf16", "loop", "W8A16", "W4A16", "W4A16_ACTORDER", "W8A8", "W4A8", "W4A8_G128")
 TENSORS = ("w13", "w13_scale", "w13_zeros", "w13_group_scale", "w2", "w2_scale", "w2_zeros", "w2_group_scale")  # fused_moe's order
 CPU_BANDWIDTH = 4.3e12  # bytes/s for the floor column of the CPU test mode: the H200 runs of BENCHMARKS.md measured 4.1-4.4 TB/s
 CPU_STEPS = 3
@@ -104,7 +107,7 @@ def _args(argv):
 
 
 def _scheme(case: str) -> str | None:
-    return None if case in ("bf16", "loop") else case
+    return None if case in ("bf16", "loop") else case.removesuffix("_ACTORDER")
 
 
 def expert_tensors(w13: torch.Tensor, w2: torch.Tensor, top_k: int, case: str) -> tuple[tuple, tuple[int, int, int]]:
@@ -124,8 +127,14 @@ def clone(tensors) -> tuple:
     return tuple(None if t is None else t.clone() for t in tensors)
 
 
-def fused_moe(x, logits, top_k: int, tensors, fmt):
-    return torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tensors, *fmt)
+def fused_moe(x, logits, top_k: int, tensors, fmt, act_perm=None):
+    return torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tensors, *fmt, act_perm)
+
+
+def random_act_perm(e: int, h: int, seed: int, device) -> torch.Tensor:
+    """``[E, H]`` int64: a random input channel order per expert (``fused_moe``'s ``w13_act_perm``)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(h, generator=gen) for _ in range(e)]).to(device)
 
 
 def expert_plan(experts: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -240,6 +249,7 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
         copies = max(copies_for(touched[m] * per_expert) for m in args.m) if cuda else 1
         weights[case] = ([tensors] + [clone(tensors) for _ in range(copies - 1)], fmt, per_expert)
         log(f"[moe] {name} {case}: {per_expert / 1e6:.2f} MB per expert, {copies} copies, built in {time.perf_counter() - t0:.1f} s")
+    act_perm = random_act_perm(e, h, args.seed, dev)  # W4A16_ACTORDER's input orders
     del w13f, w2f
 
     def timed(calls) -> float:
@@ -258,14 +268,15 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
                 sets, fmt, per_expert = weights["bf16" if case == "loop" else case]
                 n = copies_for(touched[m] * per_expert) if cuda else 1
                 key = "bf16" if case == "loop" else case
+                perm = act_perm if case.endswith("_ACTORDER") else None
                 if key not in refs:
-                    refs[key] = fused_moe_ref(x, logits, top_k, True, *sets[0], *fmt)
+                    refs[key] = fused_moe_ref(x, logits, top_k, True, *sets[0], *fmt, perm)
                 if case == "loop":
                     out = moe_loop(x, logits, top_k, sets[0][0], sets[0][4], plan)
                     calls = [lambda t=t: moe_loop(x, logits, top_k, t[0], t[4], plan) for t in sets[:n]]
                 else:
-                    out = fused_moe(x, logits, top_k, sets[0], fmt)  # eager first: the config pick (a measurement on a new key)
-                    calls = [lambda t=t: fused_moe(x, logits, top_k, t, fmt) for t in sets[:n]]
+                    out = fused_moe(x, logits, top_k, sets[0], fmt, perm)  # eager first: the config pick (a measurement on a new key)
+                    calls = [lambda t=t: fused_moe(x, logits, top_k, t, fmt, perm) for t in sets[:n]]
                 err = _rel_err(out, refs[key])
                 us[case] = timed(calls)
                 floor_us = touched[m] * per_expert / bw * 1e6
@@ -289,7 +300,7 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
                     hbm_tb_s=round(bw / 1e12, 3),
                     seed=args.seed,
                 )
-                if args.every_config and case != "loop" and on_config is not None:
+                if args.every_config and case != "loop" and perm is None and on_config is not None:
                     for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case]):
                         on_config({"shape": name, "M": m, "case": case, **c, "E": e, "top_k": top_k, "H": h, "I": i,
                                    "bits": fmt[0], "act_bits": fmt[1], "group_size": fmt[2]})  # fmt: skip

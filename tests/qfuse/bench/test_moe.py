@@ -51,6 +51,7 @@ def test_floor_counts_the_touched_experts_bytes(run):
         "bf16": 2 * params,
         "W8A16": params + 2 * (2 * i + h),
         "W4A16": params // 2 + 2 * groups,
+        "W4A16_ACTORDER": params // 2 + 2 * groups,  # W4A16's experts; its input orders are not expert bytes
         "W8A8": params + 4 * (2 * i + h),
         "W4A8": params // 2 + 4 * (2 * i + h),
         "W4A8_G128": params // 2 + 4 * (2 * i + h) + groups,
@@ -108,3 +109,19 @@ def test_every_config_rows_and_picks(tmp_path, monkeypatch):
     h, i, e, top_k = bench_moe.SHAPES["tiny"]
     fastest = ast.literal_eval(min(rows, key=lambda r: float(r["us"]))["config"])
     assert json.loads((tmp_path / "moe_picks.json").read_text()) == {f"fused_moe|cpu|1|{e}|{i}|{h}|{top_k}|4|16|{min(128, h)}|bfloat16": fastest}
+
+
+def test_act_order_case_passes_its_input_orders():
+    from qfuse.ops.moe.fused_moe import fused_moe_ref
+
+    h, i, e, top_k = bench_moe.SHAPES["tiny"]
+    g = torch.Generator().manual_seed(0)
+    w13, w2 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).bfloat16(), (torch.randn(e, h, i, generator=g) / i**0.5).bfloat16()
+    tensors, fmt = bench_moe.expert_tensors(w13, w2, top_k, "W4A16_ACTORDER")
+    assert fmt == bench_moe.expert_tensors(w13, w2, top_k, "W4A16")[1] == (4, 16, 128)
+    perm = bench_moe.random_act_perm(e, h, 0, "cpu")
+    assert perm.shape == (e, h) and torch.equal(perm.sort(dim=1).values, torch.arange(h).expand(e, h))
+    x, logits = torch.randn(5, h, generator=g).bfloat16(), torch.randn(5, e, generator=g)
+    out = bench_moe.fused_moe(x, logits, top_k, tensors, fmt, perm)
+    assert torch.equal(out, fused_moe_ref(x, logits, top_k, True, *tensors, *fmt, perm))
+    assert not torch.equal(out, bench_moe.fused_moe(x, logits, top_k, tensors, fmt))
