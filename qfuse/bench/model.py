@@ -29,6 +29,12 @@ compiled call of that mode and batch: Dynamo + Inductor + Triton, every qfuse ke
 autotuned by the eager warm-up; its phases in ``compile_phases/``). Each row goes to the CSV as
 it is measured, so a run stopped by a time limit keeps what it measured.
 
+``--compile-first N`` compiles before it measures: every case's compiled rows run first in a
+subprocess of their own, N at a time (``compile_first/<case>/``: log, CSV, compile phases), which
+fills Inductor's and Triton's on-disk caches; ``compile_s`` is then that cold first call, and the
+measuring process's own first call, warm, is ``warm_compile_s``. A case whose subprocess fails
+(e.g. past ``--compile-timeout``) keeps that failure as its compiled row and gets eager rows only.
+
 ``--compile-timeout S`` stops a first compiled call after S seconds: every thread's Python stack
 and the compile phases so far go to ``compile_phases/<case>_<row>.timeout.txt``, the case gets a
 ``failed`` row, and the next case runs. (A call stuck in C code, e.g. a CUDA synchronize, is
@@ -42,10 +48,12 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import csv
 import faulthandler
 import gc
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -562,6 +570,13 @@ def main(argv=None) -> int:
         help="stop a first compiled call after S seconds, its stacks written to compile_phases/, and go on with the next case",
     )
     ap.add_argument(
+        "--compile-first",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first compile every case's compiled rows in subprocesses, N at a time (cold compile_s; the measured run's is warm_compile_s)",
+    )
+    ap.add_argument(
         "--inductor-config",
         nargs="+",
         default=[],
@@ -612,6 +627,57 @@ def run(args) -> int:
         return _run(args)
 
 
+def _child_argv(args, case: str, out: Path) -> list[str]:
+    """``qfuse bench model`` arguments of ``case``'s compile-first subprocess: its compiled rows, timed once."""
+    argv = ["--model", args.model, "--cases", case, "--batches", *map(str, args.batches), "--eager-batches"]
+    argv += ["--context", str(args.context), "--prefill", str(args.prefill), "--steps", "1", "--replays", "1"]
+    argv += ["--device", args.device, "--out", str(out), "--compile-timeout", str(args.compile_timeout)]
+    argv += ["--layers", str(args.layers)] if args.layers else []
+    return argv + (["--inductor-config", *args.inductor_config] if args.inductor_config else [])
+
+
+def _with_cold_compile(record, cold_rows: list[dict]):
+    """``record`` for a case compiled first: a compiled row's own first call becomes ``warm_compile_s``
+    and ``compile_s`` the cold one of the same mode and batch."""
+    cold = {(r.get("mode"), str(r.get("batch"))): r.get("compile_s") for r in cold_rows}
+
+    def record_row(row: dict) -> None:
+        if "compile_s" in row:
+            row["warm_compile_s"] = row["compile_s"]
+            row["compile_s"] = float(cold.get((row["mode"], str(row["batch"]))) or "nan")
+        record(row)
+
+    return record_row
+
+
+def compile_first(args, cases: list[str], log=print) -> dict[str, list[dict]]:
+    """Run each case's compiled rows in a subprocess of its own, ``args.compile_first`` at a time; their
+    CSV rows by case (``compile_first/<case>/model.csv``; a subprocess that wrote none gets a failed row)."""
+    root = args.out / "compile_first"
+    waiting, running, done = list(cases), {}, {}
+    while waiting or running:
+        while waiting and len(running) < args.compile_first:
+            case = waiting.pop(0)
+            out = root / _file_name(case)
+            out.mkdir(parents=True, exist_ok=True)
+            with (out / "log.txt").open("w") as f:
+                cmd = [sys.executable, "-m", "qfuse.cli", "bench", "model", *_child_argv(args, case, out)]
+                running[case] = (subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT), out, time.perf_counter())
+            log(f"[model] {case}: compiling first ({out / 'log.txt'})")
+        for case, (proc, out, t0) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[case]
+            csv_path = out / "model.csv"
+            rows = list(csv.DictReader(csv_path.open())) if csv_path.is_file() else []
+            if not rows:
+                rows = [{"case": case, "mode": "failed", "error": f"compile-first subprocess exited {proc.returncode}; see {out / 'log.txt'}"}]
+            done[case] = rows
+            log(f"[model] {case}: compiled first in {time.perf_counter() - t0:.0f} s (exit {proc.returncode})")
+        time.sleep(0.2)
+    return done
+
+
 def _run(args) -> int:
     rows: list[dict] = []
 
@@ -627,13 +693,22 @@ def _run(args) -> int:
         write_csv(rows, args.out / "model.csv")
         plot(rows, args.out / "model.png")
         return 0
+    cases = [c for c in args.cases if not skip_reason(config, c)]
+    cold = compile_first(args, cases) if getattr(args, "compile_first", 0) > 0 and not args.no_compile else {}
     for case in args.cases:
         if reason := skip_reason(config, case):
             print(f"[model] {case}: skipped on {args.model}: {reason}", flush=True)
             record({"model": args.model, "case": case, "mode": "skipped", "error": reason})
             continue
+        case_args, case_record = args, record
+        if case in cold:
+            failed = [r for r in cold[case] if r.get("mode") == "failed"]
+            for r in failed:
+                record({"model": args.model, "case": case, "mode": "failed", "error": f"compile-first: {r.get('error', '')}"[:300]})
+            case_args = argparse.Namespace(**{**vars(args), "no_compile": bool(failed)})
+            case_record = _with_cold_compile(record, cold[case])
         try:
-            run_case(case, args, record)
+            run_case(case, case_args, case_record)
         except Exception as e:  # a peer that does not install, a case that fails or a compile past its time must not cost the others
             print(f"[model] {case}: FAILED {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
             record({"model": args.model, "case": case, "mode": "failed", "error": f"{type(e).__name__}: {e}"[:300]})

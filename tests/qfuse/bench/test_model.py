@@ -222,3 +222,31 @@ def test_inductor_config_is_parsed_checked_applied_and_recorded(tmp_path, monkey
     import torch._inductor.config
 
     assert torch._inductor.config.max_fusion_size != 7  # restored after the run
+
+
+def test_compile_first_runs_each_case_cold_in_a_subprocess(tmp_path):
+    """--compile-first: each case's compiled rows first run in a subprocess (its log and CSV kept); the
+    measured rows carry that cold first call as compile_s and their own, warm, as warm_compile_s."""
+    out = tmp_path / "out"
+    args = ["--model", "tiny", "--device", "cpu", "--cases", "bf16", "W4A16", "--batches", "2", "--eager-batches", "2", "--context", "16"]
+    assert bench_model.main(args + ["--prefill", "8", "--steps", "1", "--compile-first", "2", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["case"], r["mode"]) for r in rows] == [(c, m) for c in ("bf16", "W4A16") for m in ("eager", "compiled", "prefill")]
+    for case in ("bf16", "W4A16"):
+        cold = {r["mode"]: r for r in csv.DictReader((out / "compile_first" / case / "model.csv").open())}
+        assert set(cold) == {"compiled", "prefill"}
+        assert f"[model] {case} compiled batch 2:" in (out / "compile_first" / case / "log.txt").read_text()
+        for r in rows:
+            if r["case"] == case and r["mode"] != "eager":
+                assert r["compile_s"] == cold[r["mode"]]["compile_s"] and float(r["warm_compile_s"]) > 0
+        assert (out / "compile_first" / case / "compile_phases").is_dir()
+
+
+def test_compile_first_failure_leaves_the_case_its_eager_rows(tmp_path):
+    out = tmp_path / "out"
+    args = ["--model", "tiny", "--device", "cpu", "--cases", "W4A16", "--batches", "2", "--eager-batches", "2", "--context", "16", "--prefill", "0"]
+    assert bench_model.main(args + ["--steps", "1", "--compile-first", "1", "--compile-timeout", "0.05", "--out", str(out)]) == 1
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["case"], r["mode"]) for r in rows] == [("W4A16", "failed"), ("W4A16", "eager")]
+    assert rows[0]["error"].startswith("compile-first: CompileTimeout: the first compiled call ran past 0.05 s")
+    assert (out / "compile_first" / "W4A16" / "compile_phases" / "W4A16_decode_b2.timeout.txt").is_file()
