@@ -26,7 +26,8 @@ Columns: ``ms`` (median per step), ``tokens_per_s``, ``x_bf16`` (bf16's ms / thi
 mode and batch), ``weight_gb`` (parameters and buffers, the KV cache not included),
 ``peak_gb`` (``max_memory_allocated`` over the case up to that row), ``compile_s`` (the first
 compiled call of that mode and batch: Dynamo + Inductor + Triton, every qfuse kernel already
-autotuned by the eager warm-up; its phases in ``compile_phases/``). Each row goes to the CSV as
+autotuned by the eager warm-up; its phases in ``compile_phases/``, with the FX calls Dynamo
+captured and Inductor's IR nodes and generated kernels: none where its FX graph cache hit). Each row goes to the CSV as
 it is measured, so a run stopped by a time limit keeps what it measured.
 
 ``--compile-first N`` compiles before it measures: every case's compiled rows run first in a
@@ -282,9 +283,19 @@ class CompileTimeout(RuntimeError):
 
 
 def _compile_phases() -> str:
+    """Dynamo's per-phase seconds, then the sizes that drive them: FX calls Dynamo captured and
+    graphs it made, Inductor's IR nodes before fusion, kernels it generated and padded strides."""
     try:
-        return torch._dynamo.utils.compile_times(repr="str", aggregate=True)
-    except Exception as e:  # a private torch API: its absence must not cost the row
+        import torch._inductor.metrics as inductor
+
+        stats = torch._dynamo.utils.counters["stats"]
+        sizes = (
+            f"dynamo: {stats['calls_captured']} calls captured, {stats['unique_graphs']} graphs; inductor: "
+            f"{inductor.ir_nodes_pre_fusion} IR nodes before fusion, {inductor.generated_kernel_count} kernels generated, "
+            f"{inductor.num_comprehensive_padding} buffers padded"
+        )
+        return f"{torch._dynamo.utils.compile_times(repr='str', aggregate=True)}\n{sizes}"
+    except Exception as e:  # private torch APIs: their absence must not cost the row
         return f"compile phases unavailable: {type(e).__name__}: {e}"
 
 
@@ -338,6 +349,10 @@ def first_call(compiled, inputs: tuple, phases: Path, timeout: float = 0) -> flo
     metrics = getattr(torch._dynamo.utils, "compilation_time_metrics", None)
     if metrics is not None:
         metrics.clear()  # the phases of this compile only
+    import torch._inductor.metrics
+
+    torch._inductor.metrics.reset()  # and its sizes
+    torch._dynamo.utils.counters["stats"].clear()
     phases.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with _deadline(timeout, phases.with_suffix(".timeout.txt")):

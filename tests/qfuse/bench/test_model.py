@@ -4,6 +4,7 @@ the compiled path runs on the GPU; ``generate`` compiled is tested in tests/qfus
 from __future__ import annotations
 
 import csv
+import re
 import signal
 
 import pytest
@@ -39,6 +40,7 @@ def test_compiled_rows_write_the_compile_phases(tmp_path):
     phases = (out / "compile_phases" / "W4A16_attn_decode_b2.txt").read_text()
     # Dynamo's phases are always there; Inductor's only when its FX graph cache missed
     assert phases.startswith("first call") and "_compile.compile_inner" in phases
+    assert re.search(r"dynamo: [1-9]\d* calls captured, 1 graphs; inductor: \d+ IR nodes before fusion, \d+ kernels generated", phases)
 
 
 def test_a_failing_case_is_reported_and_the_others_kept(tmp_path, capsys):
