@@ -29,3 +29,14 @@ def randn(*shape, dtype=torch.bfloat16, scale=1.0) -> torch.Tensor:
 
 def random_int8(*shape) -> torch.Tensor:
     return torch.randint(-128, 128, shape, dtype=torch.int8)
+
+
+def run_in_threads(worker, n: int) -> None:
+    """``worker(i)`` for i in 0..n-1, each on its own thread, all started before any is joined."""
+    import threading
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

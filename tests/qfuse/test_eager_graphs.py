@@ -12,6 +12,7 @@ import torch
 import qfuse
 from qfuse import eager_graphs
 from qfuse.eager_graphs import EagerGraphs, graphs_of, replayable
+from tests.helpers import run_in_threads
 
 
 def test_cpu_calls_never_replay():
@@ -131,7 +132,6 @@ def test_mlp_blocks_get_a_graphed_forward_that_copies_and_pickles_with_them():
 def test_threads_sharing_a_stream_get_their_own_results(recorder):
     """Two threads on one stream (a server's default stream) must not copy into the same graph's
     inputs between the other's copy and replay: the replay would compute the other's input."""
-    import threading
     import time
 
     graphs, w = EagerGraphs(), torch.randn(4)
@@ -150,9 +150,5 @@ def test_threads_sharing_a_stream_get_their_own_results(recorder):
             if not torch.equal(graphs(slow_double, (w,), x), x * 2):
                 wrong.append((i, j))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 4)
     assert not wrong, f"{len(wrong)} of 80 calls returned another thread's result"

@@ -7,6 +7,7 @@ import torch
 
 import qfuse
 from qfuse.eager_graphs import graphs_of
+from tests.helpers import run_in_threads
 from tests.hf_models import tiny_hf_model
 
 pytestmark = pytest.mark.gpu
@@ -121,7 +122,6 @@ def test_decoder_logits_with_and_without_graphs(scheme, monkeypatch):
 
 def test_threads_on_one_stream_get_their_own_results():
     """Four threads calling one QuantLinear on the default stream: each output is its own input's."""
-    import threading
 
     q = _linear(4096, 4096, "W4A16")
     xs = [torch.randn(2, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
@@ -136,9 +136,5 @@ def test_threads_on_one_stream_get_their_own_results():
                 if not torch.equal(q(xs[i]), want[i]):
                     wrong.append(i)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 4)
     assert not wrong, f"{len(wrong)} of 200 calls returned another thread's result"
