@@ -77,20 +77,23 @@ class QuantLinear(nn.Module):
         b = self._buffers[name]
         return b is not None and name not in ("act_perm", "input_scale") and b.dim() >= 1 and b.shape[0] == self.out_features
 
+    def _with_rows(self, select, out_features: int) -> "QuantLinear":
+        """A QuantLinear of the same scheme whose per-row buffers are ``select(buffer)``; the input
+        permutation and per-tensor buffers are shared."""
+        picked = {n: select(b) if self._per_row(n) else b for n, b in self._buffers.items()}
+        bias, act_perm = picked.pop("bias"), picked.pop("act_perm")
+        return QuantLinear(self.in_features, out_features, self.scheme, picked, bias, act_perm)
+
     def rows(self, start: int, stop: int) -> "QuantLinear":
         """Output channels ``start:stop`` as a QuantLinear of the same scheme, views of this one's buffers."""
         if not 0 <= start < stop <= self.out_features:
             raise IndexError(f"QuantLinear.rows: [{start}, {stop}) outside its {self.out_features} output features")
-        sliced = {n: b[start:stop] if self._per_row(n) else b for n, b in self._buffers.items()}
-        bias, act_perm = sliced.pop("bias"), sliced.pop("act_perm")
-        return QuantLinear(self.in_features, stop - start, self.scheme, sliced, bias, act_perm)
+        return self._with_rows(lambda b: b[start:stop], stop - start)
 
     def take_rows(self, index: Tensor) -> "QuantLinear":
         """Output channels ``index`` (int64 ``[n]``), in that order, as a QuantLinear of the same scheme
         (copies of this one's per-row buffers; the input permutation and per-tensor buffers shared)."""
-        taken = {n: b.index_select(0, index.to(b.device)) if self._per_row(n) else b for n, b in self._buffers.items()}
-        bias, act_perm = taken.pop("bias"), taken.pop("act_perm")
-        return QuantLinear(self.in_features, index.numel(), self.scheme, taken, bias, act_perm)
+        return self._with_rows(lambda b: b.index_select(0, index.to(b.device)), index.numel())
 
     @classmethod
     def concat(cls, layers: list["QuantLinear"]) -> "QuantLinear":
