@@ -58,8 +58,8 @@ def pair_rows(x: Tensor, experts: Tensor, act_perm: Tensor) -> Tensor:
     """``[P, H]``: row ``p = m * top_k + j`` is ``x[m, act_perm[experts[m, j]]]``, token m's activations
     in the input order of its j-th expert's fc1 (act-order experts, ``fused_moe``'s ``w13_act_perm``)."""
     m, top_k = experts.shape
-    tokens = x.unsqueeze(1).expand(m, top_k, x.shape[1]).reshape(m * top_k, x.shape[1])
-    return tokens.gather(1, act_perm[experts.reshape(-1).to(torch.int64)])
+    order = act_perm[experts.to(torch.int64)]  # [M, top_k, H]
+    return x.unsqueeze(1).expand(m, top_k, x.shape[1]).gather(2, order).reshape(m * top_k, x.shape[1])  # one gather, no copy of x
 
 
 def fc1_row_div(x: Tensor, experts: Tensor) -> int:
