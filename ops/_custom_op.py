@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
+OPS: list[CustomOp] = []  # every op defined here, in definition order (ops/_inductor.py)
 
 
 def _library(namespace: str) -> torch.library.Library:
@@ -55,6 +56,7 @@ class CustomOp:
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
         self.__wrapped__ = fn
+        OPS.append(self)
 
     def register_kernel(self, device_type: str) -> Callable[[Callable], Callable]:
         """Decorator: ``fn`` runs the op for tensors on ``device_type`` (``"cuda"``, ``"cpu"``)."""

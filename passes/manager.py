@@ -28,6 +28,8 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg, Match, PatternMatcherPass, register_graph_pattern
 
+from qfuse.ops._inductor import register_inductor_fallbacks
+
 from . import norm_quant, silu_mul_quant
 from .add_norm import fuse_add_rms_norm
 from .counters import counters, log, record
@@ -151,4 +153,5 @@ def inductor_options(config: PassConfig | None = None, *, then=None, **config_fi
         config = PassConfig(**config_fields)
     elif config_fields:
         config = dataclasses.replace(config, **config_fields)
+    register_inductor_fallbacks()  # before the compile: torch 2.11's implicit fallback (ops/_inductor.py)
     return {"post_grad_custom_post_pass": QfusePostGradPass(config, then=then)}

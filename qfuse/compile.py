@@ -40,6 +40,9 @@ def _compile_kwargs(passes: bool, pass_config, kwargs: dict) -> dict:
     backend = kwargs.get("backend", "inductor")
     if backend != "inductor":
         raise ValueError(f"qfuse.compile: the fusion passes need backend='inductor', got backend={backend!r}")
+    from qfuse.ops._inductor import register_inductor_fallbacks
+
+    register_inductor_fallbacks()  # torch 2.11's implicit fallbacks can stall a deep graph's compile (ops/_inductor.py)
     if not passes:
         return kwargs
     mode = kwargs.pop("mode", None)
