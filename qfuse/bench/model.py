@@ -245,15 +245,35 @@ def weight_bytes(model) -> int:
 
 
 class DecodeStep:
-    """``model``'s forward at a fixed position of a ``StaticCache``: ``step(ids, pos) -> logits``."""
+    """``model``'s forward at a fixed position of a ``StaticCache`` of ``max_len`` slots for
+    ``batch`` sequences: ``step(ids, pos) -> logits``, the new tokens written at ``pos``.
 
-    def __init__(self, model, max_len: int):
+    transformers 5's static cache layers write at, and build the mask from, a counter of their own
+    (``cumulative_length``, a device tensor every call advances), not ``cache_position``: a step
+    called again at one position would attend to one more key each time, counted from however
+    many calls came before (a CUDA graph of it from the empty cache: a few keys, not ``pos``).
+    Each call first sets that counter to ``pos[0]`` (a copy inside the graph when compiled), so
+    every call and replay writes at ``pos`` and attends to keys ``0 .. pos``. The layers are
+    initialized here, outside any compiled call.
+    """
+
+    def __init__(self, model, max_len: int, batch: int):
         from transformers import StaticCache
 
         self.model = model
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        config, emb = model.config, model.get_input_embeddings().weight
+        if hasattr(self.cache, "early_initialization"):
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            self.cache.early_initialization(batch, config.num_key_value_heads, head_dim, emb.dtype, emb.device)
+        layers = getattr(self.cache, "layers", ())
+        if any(hasattr(layer, "cumulative_length_int") for layer in layers):
+            raise NotImplementedError("DecodeStep: sliding-window cache layers keep a host-side length that a replayed step cannot set")
+        self._counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in layers) if isinstance(c, torch.Tensor)]
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        for counter in self._counters:
+            counter.copy_(pos[0])
         positions = pos.unsqueeze(0).expand(ids.shape[0], -1)
         out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=pos, position_ids=positions, use_cache=True)
         return out.logits
@@ -417,7 +437,7 @@ def run_case(case: str, args, record, log=print) -> None:
     vocab = config.vocab_size
     with torch.inference_mode():
         for batch in args.batches:
-            step = DecodeStep(model, args.context + 8)
+            step = DecodeStep(model, args.context + 8, batch)
             ids = torch.randint(0, vocab, (batch, 1), device=device)
             pos = torch.tensor([args.context], device=device)
             if batch in args.eager_batches:
@@ -480,7 +500,7 @@ def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
         steps = {}
         for case in cases:
             for batch in args.eager_batches:
-                step = DecodeStep(models[case], args.context + 8)
+                step = DecodeStep(models[case], args.context + 8, batch)
                 ids = torch.randint(0, vocab, (batch, 1), device=device)
                 pos = torch.tensor([args.context], device=device)
                 for _ in range(2):  # the second call captures qfuse's eager graphs

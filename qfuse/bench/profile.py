@@ -149,7 +149,7 @@ def profile_case(case: str, args, out: Path, log=print) -> tuple[list[dict], lis
     summary, cats, kernels, host = [], [], [], []
     with torch.inference_mode():
         for batch in args.batches:
-            step = DecodeStep(model, args.context + 8)
+            step = DecodeStep(model, args.context + 8, batch)
             ids = torch.randint(0, config.vocab_size, (batch, 1), device="cuda")
             pos = torch.tensor([args.context], device="cuda")
             modes = []

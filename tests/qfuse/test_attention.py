@@ -73,7 +73,7 @@ def test_compiled_decode_step_runs_the_op():
     model = tiny_hf_model("llama")
     qfuse.quantize_model(model, "W4A16", progress=False)
     use_decode_attention(model)
-    step = DecodeStep(model, 40)
+    step = DecodeStep(model, 40, 2)
     ids, pos = torch.randint(0, 256, (2, 1)), torch.tensor([20])
     torch._dynamo.reset()
     with torch.inference_mode(), torch._inductor.config.patch(force_disable_caches=True):  # the code, not a cache hit
@@ -161,8 +161,9 @@ def test_smollm2_generates_sdpas_tokens(smollm2):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 16])
 def test_gpu_decode_step_compiled_and_captured(batch):
-    """CUDA: a Llama-shaped decode step on a 1000-token StaticCache (GQA 32 / 8, head_dim 128), eager
-    SDPA against qfuse's decode attention eager, compiled, and replayed as a captured CUDA graph."""
+    """CUDA: a Llama-shaped decode step on a 1000-token StaticCache (GQA 32 / 8, head_dim 128), qfuse's
+    decode attention eager, compiled, and replayed as a captured CUDA graph, against the float32 model:
+    no further off than bf16 SDPA's step (logits differ by up to ~0.04 of ~1.3 from bf16 rounding)."""
     import transformers
 
     from qfuse.bench.model import DecodeStep
@@ -172,11 +173,19 @@ def test_gpu_decode_step_compiled_and_captured(batch):
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    reference = copy.deepcopy(model).float()
+    fill = [torch.randint(0, 256, (batch, 100), device="cuda") for _ in range(7)]
     ids, pos = torch.randint(0, 256, (batch, 1), device="cuda"), torch.tensor([700], device="cuda")
+
+    def filled_step(m):
+        step = DecodeStep(m, 1000, batch)
+        for i, tokens in enumerate(fill):  # 700 cached tokens
+            step(tokens, torch.arange(100 * i, 100 * i + 100, device="cuda"))
+        return step
+
     with torch.inference_mode():
-        step = DecodeStep(model, 1000)
-        for p in range(0, 700, 100):  # fill part of the cache
-            step(torch.randint(0, 256, (batch, 100), device="cuda"), torch.arange(p, p + 100, device="cuda"))
+        ref = filled_step(reference)(ids, pos).float()
+        step = filled_step(model)
         want = step(ids, pos)
         use_decode_attention(model)
         with _CountOp() as counter:
@@ -189,5 +198,7 @@ def test_gpu_decode_step_compiled_and_captured(batch):
         with torch.cuda.graph(graph):
             out = compiled(ids, pos)
         graph.replay()
-    for got in (eager, out):
-        torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    err_sdpa = (want.float() - ref).abs().max().item()
+    for name, got in (("eager", eager), ("compiled", out)):
+        err = (got.float() - ref).abs().max().item()
+        assert err <= 1.5 * err_sdpa + 1e-3, (name, err, err_sdpa)

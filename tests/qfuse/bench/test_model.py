@@ -252,3 +252,29 @@ def test_compile_first_failure_leaves_the_case_its_eager_rows(tmp_path):
     assert [(r["case"], r["mode"]) for r in rows] == [("W4A16", "failed"), ("W4A16", "eager")]
     assert rows[0]["error"].startswith("compile-first: CompileTimeout: the first compiled call ran past 0.05 s")
     assert (out / "compile_first" / "W4A16" / "compile_phases" / "W4A16_decode_b2.timeout.txt").is_file()
+
+
+def test_decode_step_writes_and_attends_at_pos_every_call():
+    """transformers 5's static cache advances its own write counter per call; DecodeStep pins it to
+    ``pos``: a step repeated at one position gives the same logits (no extra key per call), and
+    equals a step on a cache filled only up to that position."""
+    import torch
+
+    from tests.hf_models import tiny_hf_model
+
+    model = tiny_hf_model("llama", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    fill, ids = torch.randint(0, 256, (2, 12), generator=gen), torch.randint(0, 256, (2, 1), generator=gen)
+    pos = torch.tensor([12])
+    with torch.inference_mode():
+        step = bench_model.DecodeStep(model, 20, 2)
+        step(fill, torch.arange(12))
+        first, again = step(ids, pos), step(ids, pos)
+        for _ in range(3):
+            step(ids, pos)
+        later = step(ids, pos)
+        fresh = bench_model.DecodeStep(model, 20, 2)
+        fresh(fill, torch.arange(12))
+        want = fresh(ids, pos)
+    assert torch.equal(first, again) and torch.equal(first, later) and torch.equal(first, want)
+    assert all(int(c) == 13 for c in step._counters) and len(step._counters) == model.config.num_hidden_layers
