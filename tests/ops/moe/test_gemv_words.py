@@ -102,7 +102,7 @@ def test_gpu_cuda_graph_capture():
 
 @pytest.mark.parametrize("split", [1, 2])
 def test_fused_act_matches_the_torch_epilogue(split):
-    """FUSED_ACT (opt-in): SiLU-and-mul and the weighted top-k sum as one launch each, against the
+    """FUSED_ACT: SiLU-and-mul and the weighted top-k sum as one launch each, against the
     torch kernels they replace: within one rounding of the output dtype, and the reference's tolerance."""
     x, logits, args = make_moe("W4A16_G32", 5, 64, 32, 4, torch.bfloat16)
     cfg = {"BLOCK_N": 16, "BLOCK_W": 8, "SPLIT_K": split, "HFMA2": 2}
@@ -110,7 +110,7 @@ def test_fused_act_matches_the_torch_epilogue(split):
     plain = run_words(x, logits, 2, True, args, cfg)
     torch.testing.assert_close(fused, plain, rtol=2**-7, atol=0)
     assert_close_to_ref(fused, fused_moe_ref(x, logits, 2, True, *args), False)
-    assert not FAMILY.opt_in_reason(cfg) and "GPU" in FAMILY.opt_in_reason({**cfg, "FUSED_ACT": True})
+    assert not FAMILY.opt_in_reason(cfg) and not FAMILY.opt_in_reason({**cfg, "FUSED_ACT": True})
 
 
 def test_silu_and_mul_rows_and_the_weighted_sum():
