@@ -20,7 +20,8 @@ ends with l = 0 and is written as zeros.
 
 The split count fills about two waves of the GPU (``splits_for``); BLOCK_N = 64, 4 warps (8 for
 tiles past 32 x 128, ``warps_for``, where 4 spill) and 2 stages are the flash-decoding defaults,
-not yet timed on the H200.
+not tuned on the H200 (as they are, the op took 0.29 ms off the 32-layer Llama-3-8B W4A16 step at
+batch 1: BENCHMARKS "End to end").
 """
 
 from __future__ import annotations
