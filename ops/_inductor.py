@@ -21,9 +21,10 @@ def register_inductor_fallbacks() -> None:
     constraint the implicit fallback would take from the op's tags. Idempotent."""
     from torch._inductor import lowering
 
+    tag_of, constraint_of = (getattr(lowering, n, None) for n in ("get_layout_constraint_tag", "tag_to_layout_constraint"))
+    if tag_of is None or constraint_of is None:  # a torch without them (2.11 and 2.13 have both): the implicit fallback stays
+        return
     for op in OPS:
         target = op.default
-        if target in lowering.lowerings:
-            continue
-        tag = lowering.get_layout_constraint_tag(target, with_default=True)
-        lowering.make_fallback(target, layout_constraint=lowering.tag_to_layout_constraint(tag), warn=False)
+        if target not in lowering.lowerings:
+            lowering.make_fallback(target, layout_constraint=constraint_of(tag_of(target, with_default=True)), warn=False)
