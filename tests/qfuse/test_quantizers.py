@@ -114,3 +114,22 @@ def test_nan_or_inf_weight_rejected(quantizer):
     w[5, 0] = float("-inf")
     with pytest.raises(ValueError, match=r"weight has 2 NaN/inf value\(s\) of 4096"):
         QUANTIZERS[quantizer](w)
+
+
+@pytest.mark.parametrize("quantizer", list(QUANTIZERS))
+def test_quantized_by_blocks_of_rows_gives_the_same_bits(quantizer, monkeypatch):
+    """Every scale is per row or per group within a row: blocks of rows (the last one short)
+    give what the whole weight gives, and NaN / inf are counted over the whole weight."""
+    import qfuse.quantizers
+
+    quantize = QUANTIZERS[quantizer]
+    w = torch.randn(37, 256, generator=torch.Generator().manual_seed(0)).bfloat16()
+    whole = quantize(w)
+    monkeypatch.setattr(qfuse.quantizers, "CHUNK_ELEMENTS", 5 * 256)  # 8 blocks of 5 rows, the last of 2
+    blocks = quantize(w)
+    assert whole.keys() == blocks.keys()
+    for name, t in whole.items():
+        assert (t is None and blocks[name] is None) or torch.equal(t, blocks[name]), name
+    w[3, 1], w[36, 255] = float("nan"), float("inf")
+    with pytest.raises(ValueError, match=r"weight has 2 NaN/inf value\(s\) of 9472"):
+        quantize(w)
