@@ -26,7 +26,9 @@ def without_qfuse_lowerings(monkeypatch):
 
 
 def test_every_op_gets_the_fallback_and_layout_constraint_of_the_implicit_one(without_qfuse_lowerings):
-    assert len(OPS) >= 12 and not any(op.default in lowering.lowerings for op in OPS)
+    qfuse_ops = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("qfuse::")}
+    assert {op.qualname for op in OPS} == qfuse_ops and len(qfuse_ops) >= 12  # no op defined another way
+    assert not any(op.default in lowering.lowerings for op in OPS)
     register_inductor_fallbacks()
     register_inductor_fallbacks()  # idempotent
     for op in OPS:
