@@ -34,7 +34,8 @@ it is measured, so a run stopped by a time limit keeps what it measured.
 subprocess of their own, N at a time (``compile_first/<case>/``: log, CSV, compile phases), which
 fills Inductor's and Triton's on-disk caches; ``compile_s`` is then that cold first call, and the
 measuring process's own first call, warm, is ``warm_compile_s``. A case whose subprocess fails
-(e.g. past ``--compile-timeout``) keeps that failure as its compiled row and gets eager rows only.
+(e.g. past ``--compile-timeout``; it stops at that row) keeps that failure as a row, and of its
+compiled rows the measuring run compiles only those the subprocess finished; eager rows all.
 
 ``--compile-timeout S`` stops a first compiled call after S seconds: every thread's Python stack
 and the compile phases so far go to ``compile_phases/<case>_<row>.timeout.txt``, the case gets a
@@ -444,7 +445,7 @@ def run_case(case: str, args, record, log=print) -> None:
                 ms = time_eager(step, (ids, pos), args.steps)
                 add({**base, "mode": "eager", "batch": batch, "tokens": 1, "ms": round(ms, 4), "tokens_per_s": round(batch / ms * 1e3, 1)})
                 log(f"[model] {case} eager batch {batch}: {ms:.3f} ms")
-            if args.no_compile:
+            if not _compiles(args, "compiled", batch):
                 continue
             compiled = compile_step(step, case)
             phases = args.out / "compile_phases" / f"{_file_name(case)}_decode_b{batch}.txt"
@@ -463,7 +464,7 @@ def run_case(case: str, args, record, log=print) -> None:
             )
             log(f"[model] {case} compiled batch {batch}: {ms:.3f} ms (compile {compile_s:.0f} s)")
             del compiled, step
-        if args.prefill and not args.no_compile:
+        if args.prefill and _compiles(args, "prefill", 1):
             ids = torch.randint(0, vocab, (1, args.prefill), device=device)
             compiled = compile_step(PrefillStep(model), case)
             phases = args.out / "compile_phases" / f"{_file_name(case)}_prefill_{args.prefill}.txt"
@@ -484,6 +485,13 @@ def run_case(case: str, args, record, log=print) -> None:
             del compiled
     del model
     gc.collect()
+
+
+def _compiles(args, mode: str, batch: int) -> bool:
+    """Whether :func:`run_case` compiles this row: not with ``--no-compile``; after a
+    ``--compile-first`` subprocess that failed, only the rows it finished (``args.compiled_rows``)."""
+    rows = getattr(args, "compiled_rows", None)
+    return not args.no_compile and (rows is None or (mode, str(batch)) in rows)
 
 
 def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
@@ -740,7 +748,9 @@ def _run(args) -> int:
             failed = [r for r in cold[case] if r.get("mode") == "failed"]
             for r in failed:
                 record({"model": args.model, "case": case, "mode": "failed", "error": f"compile-first: {r.get('error', '')}"[:300]})
-            case_args = argparse.Namespace(**{**vars(args), "no_compile": bool(failed)})
+            # the subprocess stopped at its first failure: measure only the compiled rows it finished
+            done = {(r.get("mode"), str(r.get("batch"))) for r in cold[case] if r.get("mode") in ("compiled", "prefill")}
+            case_args = argparse.Namespace(**{**vars(args), "compiled_rows": done if failed else None})
             case_record = _with_cold_compile(record, cold[case])
         try:
             run_case(case, case_args, case_record)

@@ -254,6 +254,22 @@ def test_compile_first_failure_leaves_the_case_its_eager_rows(tmp_path):
     assert (out / "compile_first" / "W4A16" / "compile_phases" / "W4A16_decode_b2.timeout.txt").is_file()
 
 
+def test_compile_first_failure_keeps_the_rows_its_subprocess_finished(tmp_path, monkeypatch):
+    """A subprocess that finished batch 1 and failed at batch 2 (it stops there): the measured run
+    compiles batch 1 again (its cold compile_s kept), batch 2 and the prefill eager only."""
+    cold = [
+        {"case": "W4A16", "mode": "compiled", "batch": "1", "compile_s": "12.5"},
+        {"case": "W4A16", "mode": "failed", "error": "CompileTimeout: the first compiled call ran past 0.05 s"},
+    ]
+    monkeypatch.setattr(bench_model, "compile_first", lambda args, cases, log=print: {"W4A16": cold})
+    out = tmp_path / "out"
+    args = ["--model", "tiny", "--device", "cpu", "--cases", "W4A16", "--batches", "1", "2", "--eager-batches", "1", "2", "--context", "16"]
+    assert bench_model.main(args + ["--prefill", "8", "--steps", "1", "--compile-first", "1", "--out", str(out)]) == 1
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["mode"], r["batch"]) for r in rows] == [("failed", ""), ("eager", "1"), ("compiled", "1"), ("eager", "2")]
+    assert rows[0]["error"].startswith("compile-first: CompileTimeout") and rows[2]["compile_s"] == "12.5"
+
+
 def test_decode_step_writes_and_attends_at_pos_every_call():
     """transformers 5's static cache advances its own write counter per call; DecodeStep pins it to
     ``pos``: a step repeated at one position gives the same logits (no extra key per call), and
