@@ -358,6 +358,8 @@ def _deadline(seconds: float, report: Path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if expired:  # raised where a broad ``except`` inside torch swallowed it, and the call went on
+        raise CompileTimeout(message)
 
 
 def first_call(compiled, inputs: tuple, phases: Path, timeout: float = 0) -> float:

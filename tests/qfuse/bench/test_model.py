@@ -194,6 +194,22 @@ def test_compile_timeout_writes_the_stacks_keeps_the_rows_and_goes_on(tmp_path, 
     assert "W4A16: FAILED CompileTimeout" in capsys.readouterr().out
 
 
+def test_compile_timeout_holds_when_the_call_swallows_it(tmp_path):
+    """A deadline that fired inside a broad ``except`` (torch has some) still stops the call when it returns."""
+    import time
+
+    def swallowing():
+        try:
+            time.sleep(2)  # the alarm fires here
+        except bench_model.CompileTimeout:
+            pass
+
+    report = tmp_path / "r.timeout.txt"
+    with pytest.raises(bench_model.CompileTimeout, match="ran past 0.05 s"), bench_model._deadline(0.05, report):
+        swallowing()
+    assert report.read_text().startswith("stopped after 0.05 s")
+
+
 def test_inductor_config_is_parsed_checked_applied_and_recorded(tmp_path, monkeypatch):
     assert bench_model.inductor_fields(["graph_partition=False", "max_fusion_size=8", "cpp.simdlen=None"]) == {
         "graph_partition": False,
