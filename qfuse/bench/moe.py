@@ -131,7 +131,7 @@ def fused_moe(x, logits, top_k: int, tensors, fmt, act_perm=None):
     return torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tensors, *fmt, act_perm)
 
 
-def random_act_perm(e: int, h: int, seed: int, device) -> torch.Tensor:
+def random_act_perm(e: int, h: int, seed: int = 0, device="cpu") -> torch.Tensor:
     """``[E, H]`` int64: a random input channel order per expert (``fused_moe``'s ``w13_act_perm``)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.stack([torch.randperm(h, generator=gen) for _ in range(e)]).to(device)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qfuse.bench.moe import random_act_perm
 from qfuse.ops.moe.align import pair_rows
 from qfuse.ops.moe.dispatch import REGISTRY, candidate_configs, fused_moe_triton
 from qfuse.ops.moe.fused_moe import fused_moe_ref
 from qfuse.ops.moe.routing import topk_routing
-from tests.ops.moe.test_fused_moe import random_act_perm
 from tests.ops.moe.test_grouped_gemm import _gpu_moe, assert_close_to_ref
 
 # (format, M, H, I, E, top_k): 4-bit group 128 reaches all four families at decode M

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from qfuse.bench.moe import random_act_perm
 from qfuse.ops.moe.routing import topk_routing
 from tests.helpers import decode_uint4
 
@@ -221,11 +222,6 @@ def test_rejects_bad_int8_formats():
         torch.ops.qfuse.fused_moe(*_replace(a, 5, torch.ones(4, 64)))
     with pytest.raises(TypeError, match="w13 must be bfloat16"):
         torch.ops.qfuse.fused_moe(*_replace(a, 4, a[4].half()))
-
-
-def random_act_perm(e, h, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randperm(h, generator=g) for _ in range(e)])
 
 
 @pytest.mark.parametrize("fmt", ["W4A16_G32", "W8A16_ASYM_G32", "W4A16_ASYM_CH"])
