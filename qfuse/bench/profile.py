@@ -14,6 +14,8 @@ once). Per case and batch, under ``torch.profiler``:
   (CPU) time per step (``eager_ops.csv``: what ``model.generate`` without compile waits on), and
   a ``cProfile`` of one step (``cprofile_<case>_b<batch>.txt``, the Python functions by own time);
   ``step_ms`` is the median synchronized step (``qfuse bench model``'s eager timing).
+* ``prefill`` (``--prefill TOKENS``): the compiled forward over one prompt of TOKENS tokens (``qfuse
+  bench model``'s prefill row), its kernels likewise; ``step_ms`` one CUDA-graph replay.
 
 Writes ``profile.csv`` (case, mode, batch, category: kernels and us per step),
 ``kernels.csv`` (each kernel), ``eager_ops.csv``, ``steps.csv`` and ``profile.png`` (stacked
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ._device import require_cuda
-from .model import MODELS, QFUSE_CASES, DecodeStep, build_model, compile_step, model_config, time_captured, time_eager
+from .model import MODELS, QFUSE_CASES, DecodeStep, PrefillStep, build_model, compile_step, model_config, time_captured, time_eager
 from .timing import write_csv
 
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses")
@@ -141,62 +143,75 @@ def cprofile_text(fn, args: tuple, lines: int = 45) -> str:
     return buf.getvalue()
 
 
+def _account(prof, base: dict, steps: int, cats: list[dict], kernels: list[dict]) -> tuple[float, int, str]:
+    """Add ``prof``'s kernels of one (case, mode, batch) to ``kernels`` and their categories to
+    ``cats``; returns the kernel us per step, the kernel count and the log line's category part."""
+    by_cat: dict[str, tuple[int, float]] = {}
+    for name, (calls, us) in _kernel_times(prof, steps).items():
+        c = category(name)
+        kernels.append({**base, "category": c, "kernel": name[:160], "calls": calls, "us": round(us, 2)})
+        n, t = by_cat.get(c, (0, 0.0))
+        by_cat[c] = (n + calls, t + us)
+    kernel_us = sum(t for _, t in by_cat.values())
+    ranked = sorted(by_cat.items(), key=lambda kv: -kv[1][1])
+    for c, (n, t) in ranked:
+        cats.append({**base, "category": c, "kernels": n, "us": round(t, 1), "share": round(t / kernel_us, 4) if kernel_us else 0})
+    return kernel_us, sum(n for n, _ in by_cat.values()), ", ".join(f"{c} {t:.0f} us" for c, (_, t) in ranked[:6])
+
+
 def profile_case(case: str, args, out: Path, log=print) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     torch.cuda.empty_cache()
     torch._dynamo.reset()
     config = model_config(args.model, args.layers)
     model = build_model(config, case, "cuda")
     summary, cats, kernels, host = [], [], [], []
+
+    def measure(mode: str, batch: int, fn, inputs: tuple, timed) -> None:
+        t0 = time.perf_counter()
+        fn(*inputs)  # the compile, or the eager warm-up
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        prof = profile_calls(fn, inputs, args.steps, cpu=mode == "eager")
+        step_ms = timed(fn, inputs)
+        if mode == "eager":
+            for r in _host_ops(prof, args.steps):
+                host.append({"case": case, "batch": batch, **r})
+            (out / f"cprofile_{case.replace(':', '_')}_b{batch}.txt").write_text(cprofile_text(fn, inputs))
+        base = {"case": case, "mode": mode, "batch": batch}
+        kernel_us, n_kernels, top = _account(prof, base, args.steps, cats, kernels)
+        summary.append(
+            {
+                **base,
+                "layers": config.num_hidden_layers,
+                "tokens": inputs[0].shape[1],
+                "step_ms": round(step_ms, 4),
+                "kernel_us": round(kernel_us, 1),
+                "kernels": n_kernels,
+                "first_call_s": round(first_s, 1),
+            }
+        )
+        what = f"prefill {inputs[0].shape[1]}" if mode == "prefill" else f"{mode} batch {batch}"
+        log(f"[profile] {case} {what}: step {step_ms:.3f} ms, kernels {kernel_us / 1e3:.3f} ms ({n_kernels} kernels); {top}")
+
+    def eager_ms(fn, inputs):
+        return time_eager(fn, inputs, args.steps)
+
+    def replay_ms(fn, inputs):
+        return time_captured(fn, inputs, args.replays)
+
     with torch.inference_mode():
         for batch in args.batches:
             step = DecodeStep(model, args.context + 8, batch)
             ids = torch.randint(0, config.vocab_size, (batch, 1), device="cuda")
             pos = torch.tensor([args.context], device="cuda")
-            modes = []
             if not args.no_eager:
-                modes.append(("eager", step))
+                measure("eager", batch, step, (ids, pos), eager_ms)
             if not args.no_compile:
-                modes.append(("compiled", compile_step(step, case)))
-            for mode, fn in modes:
-                t0 = time.perf_counter()
-                fn(ids, pos)  # the compile, or the eager warm-up
-                torch.cuda.synchronize()
-                first_s = time.perf_counter() - t0
-                prof = profile_calls(fn, (ids, pos), args.steps, cpu=mode == "eager")
-                times = _kernel_times(prof, args.steps)
-                if mode == "eager":
-                    step_ms = time_eager(fn, (ids, pos), args.steps)
-                    for r in _host_ops(prof, args.steps):
-                        host.append({"case": case, "batch": batch, **r})
-                    (out / f"cprofile_{case.replace(':', '_')}_b{batch}.txt").write_text(cprofile_text(fn, (ids, pos)))
-                else:
-                    step_ms = time_captured(fn, (ids, pos), args.replays)
-                base = {"case": case, "mode": mode, "batch": batch}
-                by_cat: dict[str, tuple[int, float]] = {}
-                for name, (calls, us) in times.items():
-                    c = category(name)
-                    kernels.append({**base, "category": c, "kernel": name[:160], "calls": calls, "us": round(us, 2)})
-                    n, t = by_cat.get(c, (0, 0.0))
-                    by_cat[c] = (n + calls, t + us)
-                kernel_us = sum(t for _, t in by_cat.values())
-                for c, (n, t) in sorted(by_cat.items(), key=lambda kv: -kv[1][1]):
-                    cats.append({**base, "category": c, "kernels": n, "us": round(t, 1), "share": round(t / kernel_us, 4) if kernel_us else 0})
-                summary.append(
-                    {
-                        **base,
-                        "layers": config.num_hidden_layers,
-                        "step_ms": round(step_ms, 4),
-                        "kernel_us": round(kernel_us, 1),
-                        "kernels": sum(n for n, _ in by_cat.values()),
-                        "first_call_s": round(first_s, 1),
-                    }
-                )
-                log(
-                    f"[profile] {case} {mode} batch {batch}: step {step_ms:.3f} ms, kernels {kernel_us / 1e3:.3f} ms "
-                    f"({summary[-1]['kernels']} kernels); "
-                    + ", ".join(f"{c} {t:.0f} us" for c, (_, t) in sorted(by_cat.items(), key=lambda kv: -kv[1][1])[:6])
-                )
-            del modes, step
+                measure("compiled", batch, compile_step(step, case), (ids, pos), replay_ms)
+            del step
+        if args.prefill:  # compiled only, as bench model times its prefill rows
+            ids = torch.randint(0, config.vocab_size, (1, args.prefill), device="cuda")
+            measure("prefill", 1, compile_step(PrefillStep(model), case), (ids,), replay_ms)
     del model
     gc.collect()
     return summary, cats, kernels, host
@@ -221,7 +236,7 @@ def plot(cats: list[dict], path: Path) -> None:
             heights = [sum(r["us"] for r in sub if r["case"] == case and r["category"] == c) / 1e3 for case in cases]
             ax.bar(cases, heights, bottom=bottom, color=colors[c], label=c)
             bottom = [b + h for b, h in zip(bottom, heights)]
-        ax.set_title(f"{mode}, batch {batch}")
+        ax.set_title("prefill" if mode == "prefill" else f"{mode}, batch {batch}")
         ax.set_ylabel("GPU kernel time per step (ms)")
         ax.tick_params(axis="x", rotation=45, labelsize=7)
     axes.flat[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -241,7 +256,8 @@ def main(argv=None) -> int:
         default=list(DEFAULT_CASES),
         help=f"bf16, {', '.join(QFUSE_CASES)} (SCHEME:nopasses), torchao-int4; modifiers as bench model's (CASE:attn, CASE:fuse, ...)",
     )
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 16], help="decode batches (none: --prefill only)")
+    ap.add_argument("--prefill", type=int, default=0, metavar="TOKENS", help="also profile the compiled prefill of one TOKENS-long prompt")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5, help="steps profiled")
     ap.add_argument("--replays", type=int, default=20, help="CUDA-graph replays timed (compiled step_ms)")
