@@ -24,7 +24,9 @@ row in the CSV: they convert ``nn.Linear`` layers, and the experts are 3-D param
 
 Columns: ``ms`` (median per step), ``tokens_per_s``, ``x_bf16`` (bf16's ms / this ms, same
 mode and batch), ``weight_gb`` (parameters and buffers, the KV cache not included),
-``peak_gb`` (``max_memory_allocated`` over the case up to that row), ``compile_s`` (the first
+``peak_gb`` (``max_memory_allocated`` from the built model up to that row: weights, caches,
+activations, compile-time buffers), ``build_peak_gb`` (the same while the model was built and
+quantized: the bf16 model and the quantized layers replacing it are both alive then), ``compile_s`` (the first
 compiled call of that mode and batch: Dynamo + Inductor + Triton, every qfuse kernel already
 autotuned by the eager warm-up; its phases in ``compile_phases/``, with the FX calls Dynamo
 captured and Inductor's IR nodes and generated kernels: none where its FX graph cache hit). Each row goes to the CSV as
@@ -429,6 +431,11 @@ def run_case(case: str, args, record, log=print) -> None:
     t0 = time.perf_counter()
     model = build_model(config, case, device)
     base = {"model": args.model, "layers": config.num_hidden_layers, "case": case, "weight_gb": round(weight_bytes(model) / 1e9, 6)}
+    base["build_peak_gb"] = float("nan")
+    if cuda:  # the rows' peak_gb counts from here: the float weights a quantizer replaced are gone
+        base["build_peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats()
     log(f"[model] {case}: built and quantized in {time.perf_counter() - t0:.1f} s, {base['weight_gb']} GB of weights")
     if args.inductor_config:
         base["inductor_config"] = " ".join(args.inductor_config)

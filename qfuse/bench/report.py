@@ -221,6 +221,7 @@ def _model(rows: list[Row]) -> list[Column]:
         ("x bf16", _text("x_bf16")),
         ("weights GB", _text("weight_gb")),
         ("peak GB", _text("peak_gb")),
+        *([("build peak GB", _text("build_peak_gb"))] if any(r.get("build_peak_gb") for r in rows) else []),
         ("compile s", _text("compile_s")),
     ]
 

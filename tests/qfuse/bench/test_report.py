@@ -137,3 +137,13 @@ def test_moe_by_case_pivots_one_row_per_shape_and_m(tmp_path):
     gemm = write_csv(tmp_path / "gemm.csv", GEMM_ROWS)
     with pytest.raises(SystemExit, match="by_case needs a qfuse bench moe CSV"):
         report.table(gemm, ["by_case"])
+
+
+def test_model_build_peak_column_only_where_measured(tmp_path):
+    row = {"model": "llama3-8b", "layers": 32, "case": "W4A16", "weight_gb": 5.7, "mode": "compiled", "batch": 1, "tokens": 1}
+    row |= {"ms": 3.33, "tokens_per_s": 300.3, "x_bf16": 1.805, "peak_gb": 6.9, "compile_s": 42.4}
+    old = report.table(write_csv(tmp_path / "model_old.csv", [row])).splitlines()
+    assert old[0] == "| case | mode | batch | tokens | ms | tokens/s | x bf16 | weights GB | peak GB | compile s |"
+    new = report.table(write_csv(tmp_path / "model_new.csv", [{**row, "build_peak_gb": 21.8}])).splitlines()
+    assert new[0] == "| case | mode | batch | tokens | ms | tokens/s | x bf16 | weights GB | peak GB | build peak GB | compile s |"
+    assert new[2] == "| W4A16 | compiled | 1 | 1 | 3.33 | 300.3 | 1.805 | 5.7 | 6.9 | 21.8 | 42.4 |"
