@@ -29,6 +29,7 @@ CASES = [
     ("W4A16_ASYM_G128", 16, torch.float16, 128, 256, 4, 2, {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 1}),  # zero points per group
     ("W4A16_ASYM_CH", 2, torch.bfloat16, 128, 128, 4, 3, {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1}),  # per channel, scale after the loop
     ("W4A16_G32", 7, torch.float16, 128, 128, 5, 2, {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1, "SCALE_W": True}),  # groups of 32
+    ("W4A16_G128", 4, torch.bfloat16, 256, 128, 4, 2, {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1}),  # fc1's tile past its 128 rows
 ]
 
 
