@@ -20,7 +20,9 @@ class RMSNorm(nn.Module):
     def __init__(self, weight: Tensor, eps: float | None):
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
-        self.eps = eps  # None: torch.finfo(x.dtype).eps, as torch.nn.RMSNorm does
+        # None: float32's eps (1.19e-7), which torch.nn.RMSNorm adds for fp16 / bf16 inputs too (it
+        # computes in float32); bf16's own eps (7.8e-3) moved the output RMS of 0.01-sized inputs to 0.12
+        self.eps = eps
 
     @classmethod
     def from_module(cls, module: nn.Module) -> "RMSNorm":
@@ -40,7 +42,7 @@ class RMSNorm(nn.Module):
         return self._forward(x)
 
     def _forward(self, x: Tensor) -> Tensor:
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        eps = self.eps if self.eps is not None else torch.finfo(torch.float32).eps
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return torch.ops.qfuse.rms_norm(x, weight, float(eps))
 
