@@ -70,7 +70,10 @@ class CustomOp:
 
     def register_fake(self, fn: Callable) -> Callable:
         """Decorator: ``fn`` computes the outputs' metadata (FakeTensor / meta tensors, torch.compile)."""
-        torch.library.register_fake(self.qualname, fn, lib=self._lib)
+        # The Autograd key falls through, so under torch.compile only the fake kernel sees a
+        # tensor that requires grad: checking there refuses the compile, as the eager call refuses,
+        # instead of returning an output with no grad_fn and gradients silently missing that path
+        torch.library.register_fake(self.qualname, _refusing_grad(self.qualname, fn), lib=self._lib)
         return fn
 
     def __call__(self, *args, **kwargs):
@@ -83,15 +86,15 @@ class CustomOp:
 def _refusing_grad(qualname: str, fn: Callable) -> Callable:
     """``fn``, raising first if grad mode is on and a tensor argument requires grad."""
 
-    def kernel(*args):
+    def kernel(*args, **kwargs):
         if torch.is_grad_enabled():
-            for a in args:
+            for a in (*args, *kwargs.values()):
                 if isinstance(a, torch.Tensor) and a.requires_grad:
                     raise RuntimeError(
                         f"{qualname} has no backward (qfuse's ops are inference kernels): call it under torch.no_grad() "
                         "or torch.inference_mode(), or pass tensors that do not require grad"
                     )
-        return fn(*args)
+        return fn(*args, **kwargs)
 
     return kernel
 
