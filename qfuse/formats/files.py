@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -175,6 +177,36 @@ def parse_size(size: int | str) -> int:
     return int(s)
 
 
+_SHARD_NAME = re.compile(r"model-\d+-of-\d+\.safetensors")
+
+
+def _remove_old_checkpoint(path: Path) -> None:
+    """Delete the model checkpoint files ``path`` already holds (``model.safetensors``, shards named
+    ``model-NNNNN-of-NNNNN.safetensors`` or listed in its index, the index): a reader would mix
+    an older checkpoint's shards with the new ones. Other safetensors files (an adapter, the user's
+    own) are kept, with a warning: vLLM loads every safetensors file of a directory without an index."""
+    old = {path / INDEX_NAME, path / SINGLE_NAME}
+    index = path / INDEX_NAME
+    if index.is_file():
+        try:
+            listed = read_json(index).get("weight_map", {})
+        except CheckpointError:
+            listed = {}  # an unreadable index: the files named like shards go below
+        if isinstance(listed, dict):
+            old |= {path / f for f in listed.values() if isinstance(f, str) and "/" not in f}
+    old |= {p for p in path.glob("*.safetensors") if _SHARD_NAME.fullmatch(p.name)}
+    for f in old:
+        f.unlink(missing_ok=True)
+    others = sorted(p.name for p in path.glob("*.safetensors") if p not in old)
+    if others:
+        warnings.warn(
+            f"save_quantized: {path} also holds {', '.join(others)}, kept; engines that read every safetensors "
+            "file of a directory (vLLM when a checkpoint has no index) would load them with the model",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def write_safetensors(tensors: dict[str, Tensor], path: Path, max_shard_size: int | str = "5GB") -> list[Path]:
     """Write ``tensors`` (in order) into ``path`` as one file or as shards plus an index."""
     from safetensors.torch import save_file
@@ -190,8 +222,7 @@ def write_safetensors(tensors: dict[str, Tensor], path: Path, max_shard_size: in
         shards[-1][name] = t.detach().to("cpu").contiguous()
         size += nbytes
     path.mkdir(parents=True, exist_ok=True)
-    for stale in [*path.glob("*.safetensors"), path / INDEX_NAME]:
-        stale.unlink(missing_ok=True)  # an older checkpoint's shards would be read too
+    _remove_old_checkpoint(path)
     if len(shards) == 1:
         files = [path / SINGLE_NAME]
         save_file(shards[0], files[0], metadata={"format": "pt"})

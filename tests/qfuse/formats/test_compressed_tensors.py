@@ -545,6 +545,23 @@ def test_sharded_save_reloads_identically_and_replaces_stale_shards(qfuse_saved,
     _assert_same_qfuse_model(qfuse.from_pretrained(tmp_path, progress=False), single)
 
 
+def test_save_keeps_other_safetensors_files_and_warns(qfuse_saved, tmp_path):
+    """Only the model checkpoint's own files are replaced: an adapter or a shard an old index
+    lists under another name is the user's data (the first form deleted every *.safetensors)."""
+    from safetensors.torch import save_file
+
+    model = qfuse_saved("W4A16")["model"]
+    save_file({"a": torch.ones(2)}, tmp_path / "adapter_model.safetensors")
+    save_file({"b": torch.ones(2)}, tmp_path / "weights-part1.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"b": "weights-part1.safetensors"}}))
+    save_file({"c": torch.ones(2)}, tmp_path / "model-00002-of-00009.safetensors")
+    with pytest.warns(UserWarning, match=r"also holds adapter_model\.safetensors, kept"):
+        qfuse.save_quantized(model, tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["adapter_model.safetensors", "model.safetensors"]
+    assert not (tmp_path / "model.safetensors.index.json").exists()
+    _assert_same_qfuse_model(qfuse.from_pretrained(tmp_path, progress=False), qfuse.from_pretrained(qfuse_saved("W4A16")["path"], progress=False))
+
+
 # ----------------------------------------------------------------- act-order round trip
 
 
