@@ -82,6 +82,10 @@ def _matches(prefix: str, target: str) -> bool:
     return target == prefix or target == "Linear"
 
 
+# the layer formats whose tensors qfuse reads (weight_packed words, or int weights)
+LAYER_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+
+
 class CompressedTensorsCheckpoint:
     """The quantized layers of a compressed-tensors checkpoint."""
 
@@ -100,6 +104,8 @@ class CompressedTensorsCheckpoint:
         if not isinstance(self.groups, dict) or not self.groups:
             raise CheckpointError(f"{p}: quantization_config has no config_groups")
         self.default_format = qc.get("format")
+        if self.default_format not in (None, "mixed-precision", *LAYER_FORMATS):
+            raise CheckpointError(f"{p}: compressed-tensors format {self.default_format!r} is not supported (qfuse reads {', '.join(LAYER_FORMATS)})")
         self.ignore = list(qc.get("ignore") or [])
         ext = config.get(EXTENSION_KEY) or {}
         if ext and ext.get("name") != EXTENSION_NAME:
@@ -132,6 +138,9 @@ class CompressedTensorsCheckpoint:
         """(qfuse scheme, act_order) of one layer from its config group."""
         where = f"{self.files.path / 'config.json'}: layer {prefix}"
         w, a = group.get("weights") or {}, group.get("input_activations")
+        fmt = group.get("format") or self.default_format
+        if fmt not in (None, *LAYER_FORMATS):
+            raise CheckpointError(f"{where}: compressed-tensors format {fmt!r} is not supported (qfuse reads {', '.join(LAYER_FORMATS)})")
         if group.get("output_activations"):
             raise CheckpointError(f"{where}: output activation quantization is not supported")
         if w.get("type", "int") != "int" or a and a.get("type", "int") != "int":

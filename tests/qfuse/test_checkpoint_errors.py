@@ -345,12 +345,23 @@ def test_wrong_dtype_of_a_static_input_scale(ckpt, rejected):
         ("w8", set_activations(strategy="group", group_size=128), "activation strategy 'group'"),
         ("w8", set_weights(symmetric=False), "int8-activation layers need symmetric weights"),
         ("w8", lambda c: group0(c).update(output_activations=group0(c)["input_activations"]), "output activation quantization is not supported"),
+        ("w4", lambda c: group0(c).update(format="marlin-24"), "compressed-tensors format 'marlin-24' is not supported"),
+        ("w4", lambda c: group0(c).update(format="nvfp4-pack-quantized"), "format 'nvfp4-pack-quantized' is not supported"),
     ],
 )
 def test_unsupported_config(ckpt, rejected, kind, edit, message):
     path = ckpt(kind)
     edit_config(path, edit)
     rejected(path, names(path / "config.json", "layer model.layers.0.", message))
+
+
+@pytest.mark.parametrize("fmt", ["nonsense-format", "dense", "sparse-24-bitmask"])
+def test_unsupported_checkpoint_format(ckpt, rejected, fmt):
+    """The format names the layout of the tensors; one qfuse does not read is refused by name,
+    not loaded as if it were another (an unknown name loaded before)."""
+    path = ckpt("w4")
+    edit_config(path, lambda c: c["quantization_config"].update(format=fmt))
+    rejected(path, names(path, f"compressed-tensors format {fmt!r} is not supported"))
 
 
 @pytest.mark.parametrize(
