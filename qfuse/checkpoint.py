@@ -20,6 +20,8 @@ expert layers of each block back into :class:`qfuse.moe.QuantExperts`.
 from __future__ import annotations
 
 import json
+import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,6 +38,7 @@ from .fused_projections import ProjectionSlice, member_layers
 from .linear import QuantLinear
 from .moe import QuantExperts, QuantMoE
 from .norm import RMSNorm, is_convertible_rmsnorm
+from .quantize_model import head_untied
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -45,9 +48,9 @@ def _model_dtype(config: dict, dtype: torch.dtype | str | None, reader=None) -> 
     stored in (fp16), so the weights stay bit-exact; else config.json's when it is fp16/bf16;
     else fp16."""
     if isinstance(dtype, str):
-        dtype = _DTYPES.get(dtype.removeprefix("torch."))
+        named, dtype = dtype, _DTYPES.get(dtype.removeprefix("torch."))
         if dtype is None:
-            raise ValueError(f"dtype must be float16 or bfloat16, got {dtype!r}")
+            raise ValueError(f"dtype must be float16 or bfloat16, got {named!r}")
     if dtype is not None:
         if dtype not in _DTYPES.values():
             raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
@@ -59,6 +62,15 @@ def _model_dtype(config: dict, dtype: torch.dtype | str | None, reader=None) -> 
             return stored
     named = config.get("torch_dtype") or config.get("dtype")
     return _DTYPES.get(str(named).removeprefix("torch."), torch.float16)
+
+
+def _uncompiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` / ``qfuse.compile`` wrapper holds: its state_dict names
+    carry an ``_orig_mod.`` prefix no reader knows."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+    while eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        model = model._orig_mod
+    return model
 
 
 def _aliases(model: nn.Module) -> dict[str, list[str]]:
@@ -121,6 +133,20 @@ def _check_nothing_missing(model: nn.Module, replaced: tuple[str, ...], plain: d
         raise CheckpointError(f"{files.path}: the checkpoint has no tensor for {', '.join(missing[:10])}{more} (searched {shards})")
 
 
+def _check_tied(model: nn.Module, plain: dict[str, Tensor], files) -> None:
+    """Fail on two stored tensors with different values for one tensor of the model (a checkpoint
+    with its own ``lm_head.weight`` loaded into a model built with tied embeddings): assigning
+    both would keep whichever came last."""
+    aliases = _aliases(model)
+    for name, t in plain.items():
+        for other in aliases.get(name, ()):
+            if other > name and other in plain and not torch.equal(plain[other], t):
+                raise CheckpointError(
+                    f"{files.path}: the checkpoint stores {name} and {other} with different values, but the model "
+                    "ties them (one tensor); build the model with them untied (e.g. config tie_word_embeddings=False)"
+                )
+
+
 def load_quantized(
     path: str | Path,
     model: nn.Module | None = None,
@@ -152,6 +178,7 @@ def load_quantized(
     """
     if model is None:
         return from_pretrained(path, dtype=dtype, device=device, progress=progress)
+    compiled, model = model, _uncompiled(model)
     if any(isinstance(m, ProjectionSlice) for m in model.modules()):
         raise ValueError(
             "load_quantized: the model has projections stacked by qfuse.fuse_projections, and checkpoints name "
@@ -197,6 +224,7 @@ def load_quantized(
             plain[f"{name}.experts.gate_up_proj"], plain[f"{name}.experts.down_proj"] = gate_up, down
     replaced = tuple(f"{to_model(p)}." for p in specs) + tuple(f"{n}.experts." for n in [*moe_specs, *float_moes])
     _check_nothing_missing(model, replaced, plain, reader.files)
+    _check_tied(model, plain, reader.files)
     built, moes = {}, dict(float_moes)
     total = len(specs) + sum(len(rows) * 3 for rows in moe_specs.values())
     with tqdm(total=total, desc=f"qfuse load ({reader.name})", unit="layer", disable=not progress) as bar:
@@ -216,13 +244,17 @@ def load_quantized(
     for name, t in plain.items():
         value = nn.Parameter(t, requires_grad=False) if name in params else t
         for alias in aliases.get(name, [name]):
-            _set_tensor(model, alias, value)
+            if alias == name or not alias.startswith(replaced):  # a tied head quantized in the checkpoint has no float weight
+                _set_tensor(model, alias, value)
     _rebuild_meta_buffers(model, getattr(model, "config", None))
+    if head_untied(model):  # the checkpoint's head is quantized: the model's config must stop tying it
+        model.config.tie_word_embeddings = False
     for name, mod in list(model.named_modules()):
         if name and is_convertible_rmsnorm(mod):
             model.set_submodule(name, RMSNorm.from_module(mod))
     graph_blocks(model)  # as quantize_model: eager MLP calls replayed as CUDA graphs
-    return model.eval()
+    model.eval()
+    return compiled
 
 
 def _rebuild_meta_buffers(model: nn.Module, config) -> None:
@@ -289,6 +321,7 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     ``.weight`` per expert and projection, listed in ``ignore`` with the routers.
     """
     path = Path(path)
+    model = _uncompiled(model)
     sites = moe_sites(model)
     # projections stacked by fuse_projections are written as their members, under the members' names
     members, stacked = member_layers(model)
@@ -354,6 +387,14 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
         if len(groups) == 1:
             g["targets"] = ["Linear"]  # every Linear not in ignore (the float ones are all listed there)
         config_groups[f"group_{i}"] = g
+    if len(config_groups) > 1:
+        warnings.warn(
+            f"save_quantized: {path} has {len(config_groups)} config groups (schemes or group sizes); qfuse and "
+            "compressed-tensors read each layer's group, but transformers' compressed-tensors loader (5.25) decompresses "
+            "every dense layer with the first group's scheme and loads such a checkpoint wrong or fails",
+            UserWarning,
+            stacklevel=2,
+        )
     formats = {g["format"] for g in config_groups.values()}
     qc = {
         "quant_method": CT_NAME,
@@ -371,6 +412,8 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     act_dtype = next((t.dtype for t in model.parameters() if t.dtype in _DTYPES.values()), None)
     if act_dtype is not None:  # Module.to(dtype) does not update config.dtype; readers take the dtype from here
         config["dtype"] = config["torch_dtype"] = str(act_dtype).removeprefix("torch.")
+    if head_untied(model):  # a quantized head of a model loaded with its config still tied
+        config["tie_word_embeddings"] = False
     config["quantization_config"] = qc
     if extension:
         config[EXTENSION_KEY] = {

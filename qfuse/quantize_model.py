@@ -217,6 +217,19 @@ def _build_replacements(linears: list, norms: list, scheme: Scheme, schemes: dic
     return new
 
 
+def head_untied(model: nn.Module) -> bool:
+    """Whether a model whose config says ``tie_word_embeddings`` has an output head that does not
+    share the input embedding's weight (a quantized head): transformers' ``tie_weights`` and
+    checkpoint readers would tie them again, or skip the stored head."""
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        return False
+    try:
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    return head is not None and embedding is not None and getattr(head, "weight", None) is not getattr(embedding, "weight", None)
+
+
 def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.Module:
     for name, new in replacements:
         if not name:
@@ -224,6 +237,8 @@ def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.
             # no parent to swap it into, the new module is the result.
             return new
         model.set_submodule(name, new)
+    if head_untied(model):
+        model.config.tie_word_embeddings = False
     graph_blocks(model)  # eager decode calls of each MLP block: one CUDA-graph replay (qfuse/eager_graphs.py)
     return model
 

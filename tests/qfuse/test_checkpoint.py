@@ -93,7 +93,8 @@ def test_mixed_schemes_get_one_config_group_each(tmp_path, ids):
     model = float32_rotary(tiny_hf_model("llama", layers=2))
     qfuse.quantize_model(model.model.layers[0], "W4A16_ASYM", progress=False)
     qfuse.quantize_model(model.model.layers[1], "W8A8", progress=False)
-    qfuse.save_quantized(model, tmp_path, progress=False)
+    with pytest.warns(UserWarning, match="2 config groups .* transformers' compressed-tensors loader"):
+        qfuse.save_quantized(model, tmp_path, progress=False)
     import json
 
     qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
@@ -187,3 +188,60 @@ def test_quantized_lm_head_round_trips(ids, tmp_path):
     assert isinstance(loaded.lm_head, qfuse.QuantLinear) and loaded.lm_head.scheme == model.lm_head.scheme
     assert all(torch.equal(t, loaded.lm_head.get_buffer(n)) for n, t in model.lm_head.named_buffers())
     assert torch.equal(logits(loaded, ids), logits(model, ids))
+
+
+def _tied_model():
+    base = tiny_hf_model("llama", layers=1)
+    base.config.tie_word_embeddings = True
+    base.tie_weights()
+    return float32_rotary(base)
+
+
+def test_quantized_tied_head_unties_the_config_and_reloads_into_a_tied_model(ids, tmp_path):
+    """A quantized head no longer shares the embedding: the config (in memory and on disk) says so,
+    and loading into a model built tied leaves no float weight on the quantized head."""
+    model = qfuse.quantize_model(_tied_model(), "W4A16", lm_head="W8A16", progress=False)
+    assert model.config.tie_word_embeddings is False
+    qfuse.save_quantized(model, tmp_path, progress=False)
+    import json
+
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is False
+    tied = _tied_model()
+    qfuse.load_quantized(tmp_path, tied, progress=False)
+    assert isinstance(tied.lm_head, qfuse.QuantLinear) and "weight" not in dict(tied.lm_head.named_buffers())
+    assert tied.config.tie_word_embeddings is False
+    assert torch.equal(logits(tied, ids), logits(model, ids))
+
+
+def test_separate_head_into_a_tied_model_is_refused(tmp_path):
+    """Both stored tensors would be assigned to the one tied tensor, the last silently winning."""
+    model = qfuse.quantize_model(float32_rotary(tiny_hf_model("llama", layers=1)), "W8A16", progress=False)
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    qfuse.save_quantized(model, tmp_path, progress=False)
+    tied = _tied_model()
+    with pytest.raises(qfuse.CheckpointError, match="stores lm_head.weight and model.embed_tokens.weight with different values"):
+        qfuse.load_quantized(tmp_path, tied, progress=False)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight and not any(isinstance(m, qfuse.QuantLinear) for m in tied.modules())
+
+
+def test_compiled_model_saves_and_loads_under_the_module_names(ids, tmp_path):
+    """qfuse.compile / torch.compile wrap the model: its state_dict names gain an _orig_mod. prefix
+    that no reader knows."""
+    model = qfuse.quantize_model(float32_rotary(tiny_hf_model("llama", layers=1)), "W8A16", progress=False)
+    qfuse.save_quantized(qfuse.compile(model), tmp_path, progress=False)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and not any(k.startswith("_orig_mod") for k in f.keys())
+    target = float32_rotary(tiny_hf_model("llama", layers=1))
+    compiled = torch.compile(target)
+    assert qfuse.load_quantized(tmp_path, compiled, progress=False) is compiled
+    assert isinstance(target.model.layers[0].mlp.up_proj, qfuse.QuantLinear)
+    assert torch.equal(logits(target, ids), logits(model, ids))
+
+
+def test_a_dtype_name_it_does_not_know_is_named(tmp_path):
+    model = qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W8A16", progress=False)
+    qfuse.save_quantized(model, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="float16 or bfloat16, got 'fp16'"):
+        qfuse.from_pretrained(tmp_path, dtype="fp16", progress=False)
