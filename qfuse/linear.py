@@ -15,7 +15,23 @@ from .schemes import Scheme, get_scheme
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
-class QuantLinear(nn.Module):
+class KeepsFloat32Buffers(nn.Module):
+    """``Module.to(dtype)`` / ``.half()`` / ``.bfloat16()`` convert every float buffer; the int8
+    paths' float32 scales (``w_scale``, ``input_scale``) are exact values of the quantization, which
+    bf16 would round by up to 2^-9 (fp16 flushes scales under 6e-5 to subnormals): they stay
+    float32, moved to the new device."""
+
+    def _apply(self, fn, recurse=True):
+        kept = {n: b for n, b in self._buffers.items() if b is not None and b.dtype == torch.float32}
+        out = super()._apply(fn, recurse)
+        for name, old in kept.items():
+            new = self._buffers[name]
+            if new is not None and new.dtype != torch.float32:
+                self._buffers[name] = old.to(device=new.device)
+        return out
+
+
+class QuantLinear(KeepsFloat32Buffers):
     """A linear layer with quantized, prepacked weights (buffers, so ``state_dict`` round-trips).
 
     Weight-only schemes call ``qfuse::wna16_gemm``. int8-activation schemes call
@@ -150,8 +166,7 @@ class QuantLinear(nn.Module):
                 xq = torch.ops.qfuse.quant_per_tensor_int8(x2, x_scale)
             else:
                 xq, x_scale = torch.ops.qfuse.quant_per_token_int8(x2)
-            # .float(): Module.to(dtype) also converts float buffers; the ops take float32 scales.
-            w_scale = self.w_scale.float()
+            w_scale = self.w_scale.float()  # float32 already (KeepsFloat32Buffers): no kernel under compile
             if s.weight_bits == 8:
                 out = torch.ops.qfuse.w8a8_gemm(xq, x_scale, self.wq, w_scale, bias, x.dtype)
             else:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
 from .eager_graphs import graphs_of, own_tensors, replayable
-from .linear import QuantLinear
+from .linear import KeepsFloat32Buffers, QuantLinear
 from .ops.moe.fused_moe import GROUP_SIZES
 from .ops.w4a8_gemm import dequantize_w4a8
 from .ops.wna16_gemm import dequantize_wna16
@@ -160,7 +160,7 @@ def _act_order_moved_to_rows(layers: list[tuple[QuantLinear, QuantLinear, QuantL
     return moved, perms
 
 
-class QuantExperts(nn.Module):
+class QuantExperts(KeepsFloat32Buffers):
     """E SiLU-gated expert MLPs with prepacked weights (buffers: ``state_dict`` round-trips), run by
     ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16)."""
 

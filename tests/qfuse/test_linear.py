@@ -49,6 +49,35 @@ def test_module_to_half_keeps_working():
         assert y.dtype == torch.float16 and torch.isfinite(y).all()
 
 
+@pytest.mark.parametrize("scheme", ["W8A8", "W4A8", "W4A8_G128", "W8A8_STATIC"])
+@pytest.mark.parametrize("to", [torch.bfloat16, torch.float16])
+def test_module_to_dtype_keeps_the_float32_scales(scheme, to):
+    """The int8 paths' scales are exact float32 values: Module.to(dtype) rounded them (bf16 by up to
+    2^-9), changing every output even where the module was bf16 already."""
+    w = torch.randn(64, 256).bfloat16() * 0.01
+    if scheme == "W8A8_STATIC":
+        from qfuse.quantizers import quantize_w8a8
+
+        q = qfuse.QuantLinear(256, 64, scheme, {**quantize_w8a8(w), "input_scale": torch.tensor([0.0123456])}, None)
+    else:
+        q = qfuse.QuantLinear.from_linear(_linear(w), scheme)
+    scales = {n: b.clone() for n, b in q.named_buffers() if b.dtype == torch.float32}
+    assert scales
+    x = torch.randn(3, 256).to(to)
+    ref = q(x)
+    q = q.to(to)
+    for n, b in scales.items():
+        assert q.get_buffer(n).dtype == torch.float32 and torch.equal(q.get_buffer(n), b), n
+    assert torch.equal(q(x), ref)
+
+
+def _linear(w):
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    return lin
+
+
 def test_weight_bytes():
     lin = nn.Linear(256, 64, bias=False).bfloat16()
     assert qfuse.QuantLinear.from_linear(lin, "W4A16").weight_bytes() == 64 * 128 + 64 * 2 * 2

@@ -102,6 +102,19 @@ def test_state_dict_round_trips():
     assert qmoe.experts.weight_bytes() < block.experts.gate_up_proj.numel() * 2 * 0.5 * 1.5
 
 
+@pytest.mark.parametrize("scheme", ["W8A8", "W4A8_G128"])
+def test_module_to_dtype_keeps_the_experts_float32_scales(scheme):
+    qmoe = QuantMoE.from_block(_block(tiny_moe_model("mixtral")), scheme)
+    scales = {n: b.clone() for n, b in qmoe.experts.named_buffers() if b.dtype == torch.float32}
+    assert {"w13_scale", "w2_scale"} <= set(scales)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = qmoe(x)
+        qmoe.to(torch.bfloat16)  # a no-op for a bf16 block, which rounded the scales
+        assert all(torch.equal(qmoe.experts.get_buffer(n), b) for n, b in scales.items())
+        assert torch.equal(qmoe(x), ref)
+
+
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
 def test_quantize_model_converts_moe_blocks(arch):
     model = tiny_moe_model(arch, layers=2)
