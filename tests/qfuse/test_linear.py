@@ -1,5 +1,7 @@
 """QuantLinear: from_linear, forward vs dequantized_weight, state_dict, dtype handling."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -76,6 +78,13 @@ def _linear(w):
     with torch.no_grad():
         lin.weight.copy_(w)
     return lin
+
+
+def test_input_of_another_width_is_refused():
+    q = qfuse.QuantLinear.from_linear(nn.Linear(256, 64).bfloat16(), "W8A16")
+    for shape in ([4, 128], [0, 128], [2, 512], []):  # [0, 128] reshaped to [0, 256] and ran before
+        with pytest.raises(ValueError, match=rf"input of shape {re.escape(str(shape))} does not end in 256"):
+            q(torch.zeros(shape, dtype=torch.bfloat16))
 
 
 def test_weight_bytes():
