@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
 from .eager_graphs import graphs_of, replayable
 from .ops.w4a8_gemm import dequantize_w4a8
+from .ops.w8a8_gemm import MAX_K
 from .ops.wna16_gemm import dequantize_wna16
 from .quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
 from .schemes import Scheme, get_scheme
@@ -214,3 +215,5 @@ def check_quantizable(w: Tensor, scheme: Scheme, name: str) -> None:
         raise ValueError(f"{name}: in_features={k} must be even for 4-bit weights")
     if scheme.group_size != -1 and k % scheme.group_size:
         raise ValueError(f"{name}: in_features={k} is not divisible by group_size={scheme.group_size} of {scheme.name}")
+    if not scheme.weight_only and k > MAX_K:
+        raise ValueError(f"{name}: in_features={k} exceeds {MAX_K}, past which {scheme.op}'s int32 accumulator could overflow")

@@ -100,6 +100,11 @@ def test_from_linear_errors():
         qfuse.QuantLinear.from_linear(nn.Linear(100, 8).half(), "W4A8_G128")
     with pytest.raises(ValueError, match="in_features=129 must be even"):
         qfuse.QuantLinear.from_linear(nn.Linear(129, 8).half(), "W4A8")
+    wide = nn.Linear(131072, 8, bias=False, device="meta", dtype=torch.bfloat16)  # past the int8 ops' MAX_K
+    for scheme in ("W8A8", "W4A8"):
+        with pytest.raises(ValueError, match="in_features=131072 exceeds 131071"):
+            qfuse.quantize_model(nn.Sequential(wide), scheme, progress=False)
+    qfuse.quantize_model(nn.Sequential(wide), "W8A16", progress=False)  # weight-only: no int32 accumulator
 
 
 @pytest.mark.parametrize("scheme", ["W4A16_ASYM", "W8A8", "W4A8_G128"])
