@@ -24,8 +24,9 @@ from .moe import QuantMoE, sparse_moe_blocks
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
 from .schemes import Scheme, get_scheme, make_scheme, op_group_sizes
 
-# What ignore=None means. Unlike entries the caller passes, it does not warn when it
-# matches nothing: most models without an "lm_head" simply have no output head. Qwen2-MoE's
+# Kept in floating point besides the caller's ignore entries (the head unless lm_head= names a
+# scheme). Unlike entries the caller passes, they do not warn when they match nothing: most models
+# without an "lm_head" simply have no output head. Qwen2-MoE's
 # shared_expert_gate ([1, H], a scalar gate per token) stays float as vLLM and llm-compressor
 # keep it: quantizing it saves 2 * H bytes per layer and vLLM loads it as a float Linear.
 DEFAULT_IGNORE = ("lm_head", "shared_expert_gate")
@@ -354,8 +355,9 @@ def quantize_model(
     Face Llama / Qwen2 / Mistral model (and ``torch.nn.RMSNorm``) becomes a
     :class:`qfuse.RMSNorm` calling ``qfuse::rms_norm``. Layers matched by ``ignore`` are
     kept as they are: an entry matches a layer's full name, its last name component, or
-    its full name as a glob (``"model.layers.0.*"``); a str is one entry. ``None`` means
-    ``("lm_head", "shared_expert_gate")``; an entry given explicitly that matches no layer warns.
+    its full name as a glob (``"model.layers.0.*"``); a str is one entry; an entry that matches
+    no layer warns. ``lm_head`` and ``shared_expert_gate`` are kept in any case (the head is
+    quantized by ``lm_head=`` only): ``ignore`` adds to them.
 
     ``lm_head``: quantize the output head (the ``nn.Linear`` named ``lm_head``) too, with this
     scheme, e.g. ``"W8A16"`` or ``"W4A16"`` (weight-only: the head's int8 activations would be
@@ -449,8 +451,9 @@ def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, 
     if ignore is not None:
         _warn_unmatched(patterns, [n for n, _ in candidates] + [f"{n}{tail}" for n, _ in sparse_moe_blocks(model) for tail in ("", ".experts")])
     heads, head_scheme = _heads(candidates, lm_head, ignore, patterns)
-    if heads and ignore is None:
-        patterns = tuple(p for p in DEFAULT_IGNORE if p != "lm_head")
+    # the defaults hold whatever the caller ignores besides: the head is quantized by lm_head= only
+    defaults = tuple(p for p in DEFAULT_IGNORE if not (heads and p == "lm_head"))
+    patterns = defaults if ignore is None else tuple(dict.fromkeys(patterns + defaults))
     kept = [(n, m) for n, m in candidates if not _ignored(n, patterns)]
     linears = [(n, m) for n, m in kept if isinstance(m, nn.Linear)]
     norms = [(n, m) for n, m in kept if not isinstance(m, nn.Linear)]

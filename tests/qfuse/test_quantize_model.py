@@ -112,6 +112,18 @@ def test_ignore_patterns():
     assert not any(isinstance(m, qfuse.QuantLinear) for m in model.model.layers[1].modules())
 
 
+def test_ignore_adds_to_the_kept_head():
+    """An ignore list replaced the defaults, and lm_head was quantized (int8 activations into the
+    logits with W8A8) though lm_head=None says the head stays in floating point."""
+    model = tiny_hf_model("llama", layers=1)
+    with pytest.warns(UserWarning, match="'nosuchlayer' matches no"):
+        qfuse.quantize_model(model, "W8A8", ignore=["nosuchlayer"], progress=False)
+    assert type(model.lm_head) is nn.Linear
+    model = tiny_hf_model("llama", layers=1)
+    qfuse.quantize_model(model, "W8A8", ignore=["down_proj"], lm_head="W8A16", progress=False)
+    assert model.lm_head.scheme.name == "W8A16" and type(model.model.layers[0].mlp.down_proj) is nn.Linear
+
+
 def test_incompatible_layers_leave_model_unchanged():
     model = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 96), nn.Linear(96, 8)).bfloat16()
     before = copy.deepcopy(model.state_dict())
@@ -237,7 +249,7 @@ def test_fp32_norms_rejected_up_front():
 def test_nothing_to_quantize_raises():
     model = nn.Sequential(nn.RMSNorm(128), nn.Linear(128, 128))
     types, state = _module_types(model), copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"nothing to quantize \(model left unchanged\): all 1 nn.Linear layer\(s\) are matched by ignore=\('1',\)"):
+    with pytest.raises(ValueError, match=r"nothing to quantize \(model left unchanged\): all 1 nn.Linear layer\(s\) are matched by ignore=\('1', 'lm_head', 'shared_expert_gate'\)"):
         qfuse.quantize_model(model, "W8A16", ignore="1", progress=False)
     _assert_unchanged(model, types, state)
     with pytest.raises(ValueError, match="nothing to quantize.*: Sequential contains no nn.Linear"):

@@ -282,9 +282,15 @@ def test_step_that_is_no_step_is_a_type_error():
 
 
 def test_static_scheme_outside_decoder_layers_is_refused():
-    """W8A8_STATIC on lm_head (outside the decoder layers, so without a calibrated scale) is refused by name."""
-    with pytest.raises(ValueError, match="lm_head: W8A8_STATIC needs a calibrated activation scale"):
-        qfuse.quantize_model(copy.deepcopy(_base("llama")), "W8A8_STATIC", ignore=[], progress=False, calibration_data=DATA)
+    """W8A8_STATIC on a Linear outside the decoder layers (so without a calibrated scale) is refused by
+    name; the head only by lm_head=, which refuses a static scheme first."""
+    model = copy.deepcopy(_base("llama"))
+    hidden = model.config.hidden_size
+    model.model.projector = nn.Linear(hidden, hidden, dtype=model.lm_head.weight.dtype)
+    with pytest.raises(ValueError, match="model.projector: W8A8_STATIC needs a calibrated activation scale"):
+        qfuse.quantize_model(model, "W8A8_STATIC", progress=False, calibration_data=DATA)
+    with pytest.raises(ValueError, match="lm_head='W8A8_STATIC': a static activation scale needs calibration"):
+        qfuse.quantize_model(copy.deepcopy(_base("llama")), "W8A8", lm_head="W8A8_STATIC", progress=False, calibration_data=DATA)
 
 
 def test_progress_bar_can_be_disabled(capsys):
