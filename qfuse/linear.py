@@ -151,7 +151,9 @@ class QuantLinear(KeepsFloat32Buffers):
 
     def _forward(self, x: Tensor) -> Tensor:
         if x.dim() == 0 or x.shape[-1] != self.in_features:  # reshape(-1, K) would fold a wrong K into M
-            raise ValueError(f"QuantLinear({self.in_features} -> {self.out_features}): input of shape {list(x.shape)} does not end in {self.in_features}")
+            raise ValueError(
+                f"QuantLinear({self.in_features} -> {self.out_features}): input of shape {list(x.shape)} does not end in {self.in_features}"
+            )
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.act_perm is not None:

@@ -26,7 +26,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--scheme", required=True, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
     p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--ignore", nargs="*", default=None, help="layers to keep in floating point, besides lm_head (unless --lm-head) and shared_expert_gate")
+    p.add_argument(
+        "--ignore", nargs="*", default=None, help="layers to keep in floating point, besides lm_head (unless --lm-head) and shared_expert_gate"
+    )
     p.add_argument("--lm-head", default=None, metavar="SCHEME", help="quantize the output head too, e.g. W8A16 (default: kept in floating point)")
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default=None, help="activation dtype (default: the model's, else bfloat16)")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")

@@ -249,7 +249,10 @@ def test_fp32_norms_rejected_up_front():
 def test_nothing_to_quantize_raises():
     model = nn.Sequential(nn.RMSNorm(128), nn.Linear(128, 128))
     types, state = _module_types(model), copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match=r"nothing to quantize \(model left unchanged\): all 1 nn.Linear layer\(s\) are matched by ignore=\('1', 'lm_head', 'shared_expert_gate'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"nothing to quantize \(model left unchanged\): all 1 nn.Linear layer\(s\) are matched by ignore=\('1', 'lm_head', 'shared_expert_gate'\)",
+    ):
         qfuse.quantize_model(model, "W8A16", ignore="1", progress=False)
     _assert_unchanged(model, types, state)
     with pytest.raises(ValueError, match="nothing to quantize.*: Sequential contains no nn.Linear"):
