@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # The group sizes each op runs besides -1 (per output channel), largest first.
@@ -99,11 +100,21 @@ def make_scheme(weight_bits: int, act_bits: int, group_size: int = -1, symmetric
 
 
 def get_scheme(scheme: str | Scheme) -> Scheme:
-    """Look up a scheme by name (case-insensitive) or pass a :class:`Scheme` through."""
+    """Look up a scheme by name (case-insensitive) or pass a :class:`Scheme` through.
+
+    A name is a preset (``W4A16``) or one spelled out the way :func:`make_scheme` names schemes:
+    ``W{4,8}A{8,16}`` with ``_G{group}`` or ``_CH`` (per channel) and ``_ASYM``, e.g. ``W4A16_G64``,
+    ``W4A16_G32_ASYM``, ``W4A8_G64``, ``W8A16_G128`` (the group fallback's names)."""
     if isinstance(scheme, Scheme):
         return scheme
     if isinstance(scheme, str):
         found = SCHEMES.get(scheme.upper()) or CALIBRATED_SCHEMES.get(scheme.upper())
         if found is not None:
             return found
-    raise ValueError(f"unknown quantization scheme {scheme!r}; valid schemes: {', '.join([*SCHEMES, *CALIBRATED_SCHEMES])}")
+        m = re.fullmatch(r"W(4|8)A(8|16)(?:_G(\d+)|_CH)?(_ASYM)?", scheme.upper())
+        if m is not None:
+            return make_scheme(int(m[1]), int(m[2]), int(m[3]) if m[3] else -1, m[4] is None)
+    raise ValueError(
+        f"unknown quantization scheme {scheme!r}; valid schemes: {', '.join([*SCHEMES, *CALIBRATED_SCHEMES])}, "
+        "or one spelled out: W4A16_G64, W4A16_G32_ASYM, W4A8_G64, W8A16_G128, W4A16_CH, ..."
+    )

@@ -41,16 +41,9 @@ def _gpu(args) -> tuple[str, int]:
 
 def _scheme(name: str):
     """A preset (``W4A16``) or a spelled-out scheme: ``W4A16_G64``, ``W4A16_G32_ASYM``, ``W4A8_G64``, ``W8A16_CH``."""
-    import re
+    from ..schemes import get_scheme
 
-    from ..schemes import SCHEMES, get_scheme, make_scheme
-
-    if name.upper() in SCHEMES:
-        return get_scheme(name.upper())
-    m = re.fullmatch(r"W(4|8)A(8|16)(?:_G(\d+)|_CH)?(_ASYM)?", name.upper())
-    if m is None:
-        raise ValueError(f"unknown scheme {name!r}: a preset ({', '.join(SCHEMES)}) or e.g. W4A16_G64, W4A16_G32_ASYM, W4A8_G64")
-    return make_scheme(int(m[1]), int(m[2]), int(m[3]) if m[3] else -1, m[4] is None)
+    return get_scheme(name)
 
 
 def explain(

@@ -28,6 +28,20 @@ def test_unknown_name_lists_valid_ones():
         qfuse.get_scheme(42)
 
 
+@pytest.mark.parametrize(
+    ("name", "bits", "act", "group", "sym"),
+    [("W4A16_G64", 4, 16, 64, True), ("w4a16_g32_asym", 4, 16, 32, False), ("W4A8_G64", 4, 8, 64, True), ("W8A16_G128", 8, 16, 128, True)],
+)
+def test_spelled_out_names(name, bits, act, group, sym):
+    """The names the group fallback's warning and save_quantized use can be asked for."""
+    s = qfuse.get_scheme(name)
+    assert (s.weight_bits, s.act_bits, s.group_size, s.symmetric) == (bits, act, group, sym)
+    assert qfuse.get_scheme(s.name) == s
+    assert qfuse.get_scheme("W8A16_CH") is qfuse.get_scheme("W8A16")  # a preset's fields give the preset
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        qfuse.get_scheme("W8A8_G128")
+
+
 def test_invalid_combinations():
     with pytest.raises(ValueError, match="weight_bits must be 4 or 8"):
         Scheme("X", 3, 16)

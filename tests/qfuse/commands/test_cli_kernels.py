@@ -50,7 +50,7 @@ def test_explain_takes_the_user_cache_first(capsys, monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["1", "4096", "4096", "W3A16"], "unknown scheme"),
+        (["1", "4096", "4096", "W3A16"], "unknown quantization scheme"),
         (["1", "4096", "4000", "W4A16"], "not divisible"),
         (["x", "4096", "4096", "W4A16"], "must be integers"),
         (["0", "4096", "4096", "W4A16"], "positive"),
