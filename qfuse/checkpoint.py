@@ -33,7 +33,7 @@ from .eager_graphs import graph_blocks
 from .formats import CheckpointError, open_checkpoint, quantization_config
 from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
 from .formats.compressed_tensors import NAME as CT_NAME
-from .formats.files import write_safetensors
+from .formats.files import parse_size, write_safetensors
 from .fused_projections import ProjectionSlice, member_layers
 from .linear import QuantLinear
 from .moe import QuantExperts, QuantMoE
@@ -321,6 +321,7 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
     ``.weight`` per expert and projection, listed in ``ignore`` with the routers.
     """
     path = Path(path)
+    parse_size(max_shard_size)  # a bad size fails before the work
     model = _uncompiled(model)
     sites = moe_sites(model)
     # projections stacked by fuse_projections are written as their members, under the members' names

@@ -37,6 +37,17 @@ def _version() -> str:
     return f"qfuse {qfuse.__version__} (torch {torch.__version__}, triton {triton})"
 
 
+def _demo_scheme(name: str) -> str:
+    """argparse ``type=`` of ``demo --schemes``: a scheme that quantizes from the weights alone."""
+    from .commands.common import scheme_arg
+    from .schemes import get_scheme
+
+    name = scheme_arg(name)
+    if get_scheme(name).static_act:
+        raise argparse.ArgumentTypeError(f"{name} needs calibration data, which the demo does not have (qfuse quantize --scheme {name} calibrates)")
+    return name
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -51,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="quantize a small built-in Llama with every scheme; run eager and compiled")
-    demo.add_argument("--schemes", nargs="+", default=None, help="schemes to run (default: all)")
+    demo.add_argument("--schemes", nargs="+", default=None, type=_demo_scheme, help="schemes to run (default: all)")
     demo.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
     demo.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     demo.set_defaults(run=_run_demo)

@@ -171,6 +171,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.03, help="ratio above 1 + this counts as slower (default 0.03)")
     args = ap.parse_args(argv)
     if args.compare:
+        missing = [p for side in args.compare for p in side.split(",") if not Path(p).is_file()]
+        if missing:
+            ap.error(f"--compare: no such file: {', '.join(missing)}")
         return compare(*args.compare, args.tolerance)
     import torch
 

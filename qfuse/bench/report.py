@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (args.paths or args.write or args.check):
         p.error("give CSV files or folders, --write MD or --check MD")
+    missing = [str(path) for path in [*args.paths, args.write, args.check] if path is not None and not path.exists()]
+    if missing:
+        p.error(f"no such file or folder: {', '.join(missing)}")
     for csv_path in [q for path in args.paths for q in (sorted(path.glob("*.csv")) if path.is_dir() else [path])]:
         print(f"### {csv_path.name}\n\n{table(csv_path)}\n")
     for md, write in ((args.write, True), (args.check, False)):

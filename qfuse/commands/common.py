@@ -3,6 +3,7 @@ model), counting weight bytes."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -22,6 +23,48 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "chat_template.jinja",
 )
+
+
+def scheme_arg(name: str) -> str:
+    """argparse ``type=``: a scheme name ``get_scheme`` knows (an argparse error, exit 2, before any work)."""
+    from ..schemes import get_scheme
+
+    try:
+        return get_scheme(name).name
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return n
+
+
+def size_arg(text: str) -> int:
+    """argparse ``type=``: a positive size (``5GB``, ``500MB``, bytes)."""
+    from ..formats.files import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("max_shard_size ")) from None
+
+
+def device_arg(text: str) -> str:
+    """argparse ``type=``: a torch device this machine has."""
+    try:
+        device = torch.device(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(str(e).split("\n")[0]) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: this torch has no CUDA device")
+    return text
 
 
 # Real models a MODEL argument may name instead of a directory (qfuse.models; installed from pip

@@ -17,7 +17,7 @@ import torch
 from ..eval.perplexity import default_text, perplexity, windows_of
 from ..models.cast import cast_float_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES
-from .common import BUILTIN_MODELS, builtin_model, load_any, load_builtin
+from .common import BUILTIN_MODELS, builtin_model, device_arg, load_any, load_builtin, positive_int, scheme_arg
 
 
 def add_parser(sub) -> None:
@@ -26,17 +26,19 @@ def add_parser(sub) -> None:
     p.add_argument("--ppl", action="store_true", required=True, help="perplexity (the only evaluation so far)")
     p.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: CPython's pydoc_data.topics)")
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
-    p.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows")
-    p.add_argument("--batch", type=int, default=1, help="windows per forward pass")
+    p.add_argument("--max-windows", type=positive_int, default=None, help="evaluate only the first N windows")
+    p.add_argument("--batch", type=positive_int, default=1, help="windows per forward pass")
     p.add_argument(
         "--dtype",
         choices=("bfloat16", "float16"),
         default=None,
         help="activation dtype (default: the checkpoint's; for a built-in model float32, or bfloat16 with --scheme/--table)",
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ... (default: cuda if present)"
+    )
     q = p.add_argument_group("quantize a float model first")
-    q.add_argument("--scheme", default=None, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
+    q.add_argument("--scheme", default=None, type=scheme_arg, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]) + ", or e.g. W4A16_G64")
     q.add_argument("--calibration", default=None, help="recipe: rtn, sq, awq, gptq or steps joined by '+' (e.g. sq+gptq, awq+gptq)")
     q.add_argument(
         "--calibration-samples",
@@ -44,11 +46,17 @@ def add_parser(sub) -> None:
         default=128,
         help="calibration windows of --window tokens from qfuse.calibration.calibration_text (default 128)",
     )
-    q.add_argument("--lm-head", default=None, metavar="SCHEME", help="quantize the output head too, e.g. W8A16 (default: kept in floating point)")
+    q.add_argument(
+        "--lm-head",
+        default=None,
+        type=scheme_arg,
+        metavar="SCHEME",
+        help="quantize the output head too, e.g. W8A16 (default: kept in floating point)",
+    )
     q.add_argument("--fake-quant", action="store_true", help="evaluate the calibration's own fake-quant simulation instead of qfuse's ops")
     t = p.add_argument_group("the accuracy table")
     t.add_argument("--table", action="store_true", help="every scheme x recipe; writes accuracy.csv / .md / .png to --out")
-    t.add_argument("--schemes", nargs="*", default=None, help="table: these schemes only")
+    t.add_argument("--schemes", nargs="*", default=None, type=scheme_arg, help="table: these schemes only")
     t.add_argument("--recipes", nargs="*", default=None, help="table: these recipes only")
     t.add_argument("--out", type=Path, default=None, help="table: output directory")
     t.add_argument(
@@ -72,6 +80,13 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("qfuse eval: --calibration-samples must be >= 1")
     if args.jobs < 1:
         raise SystemExit("qfuse eval: --jobs must be >= 1")
+    table_only = [
+        f for f, given in (("--schemes", args.schemes), ("--recipes", args.recipes), ("--out", args.out), ("--jobs", args.jobs != 1)) if given
+    ]
+    if table_only and not args.table:
+        raise SystemExit(f"qfuse eval: {', '.join(table_only)} belong to --table (they would be ignored)")
+    if args.text is not None and not args.text.is_file():
+        raise SystemExit(f"qfuse eval: --text {args.text} is not a file")
 
 
 def _calibration_data(tok, args: argparse.Namespace):
@@ -127,7 +142,10 @@ def run(args: argparse.Namespace) -> int:
             tok = transformers.AutoTokenizer.from_pretrained(args.model, local_files_only=True)
         except (OSError, ValueError) as e:
             raise SystemExit(f"qfuse eval: no usable tokenizer in {args.model} ({e})") from None
-    text = args.text.read_text(encoding="utf-8") if args.text else default_text()
+    try:
+        text = args.text.read_text(encoding="utf-8") if args.text else default_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"qfuse eval: cannot read --text {args.text} as UTF-8 text ({e})") from None
     source = str(args.text) if args.text else "pydoc_data.topics"
     ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     try:

@@ -16,7 +16,7 @@ from ..checkpoint import save_quantized
 from ..models.cast import cast_float_model
 from ..quantize_model import quantize_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES, get_scheme
-from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes, linear_weight_bytes, load_builtin
+from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes, linear_weight_bytes, load_builtin, scheme_arg, size_arg
 
 
 def add_parser(sub) -> None:
@@ -24,14 +24,20 @@ def add_parser(sub) -> None:
     p.add_argument(
         "model", type=Path, help="directory with config.json and float safetensors weights, or a built-in model: " + ", ".join(BUILTIN_MODELS)
     )
-    p.add_argument("--scheme", required=True, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]))
+    p.add_argument("--scheme", required=True, type=scheme_arg, help="one of " + ", ".join([*SCHEMES, *CALIBRATED_SCHEMES]) + ", or e.g. W4A16_G64")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument(
         "--ignore", nargs="*", default=None, help="layers to keep in floating point, besides lm_head (unless --lm-head) and shared_expert_gate"
     )
-    p.add_argument("--lm-head", default=None, metavar="SCHEME", help="quantize the output head too, e.g. W8A16 (default: kept in floating point)")
+    p.add_argument(
+        "--lm-head",
+        default=None,
+        type=scheme_arg,
+        metavar="SCHEME",
+        help="quantize the output head too, e.g. W8A16 (default: kept in floating point)",
+    )
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default=None, help="activation dtype (default: the model's, else bfloat16)")
-    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
+    p.add_argument("--max-shard-size", default="5GB", type=size_arg, help="largest safetensors shard (default 5GB)")
     p.add_argument("--calibration", default=None, help="recipe: rtn (default), sq, awq, gptq or steps joined by '+' (sq+gptq, awq+gptq)")
     p.add_argument(
         "--calibration-samples", type=int, default=128, help="calibration windows of 512 tokens from qfuse.calibration.calibration_text (default 128)"
@@ -71,15 +77,22 @@ def run(args: argparse.Namespace) -> int:
 
     scheme = get_scheme(args.scheme)
     builtin = builtin_model(args.model)
+    if not builtin:
+        if not (args.model / "config.json").is_file():
+            raise SystemExit(f"qfuse quantize: {args.model} has no config.json (a local Hugging Face model directory is needed)")
+        if args.out.resolve() == args.model.resolve():
+            raise SystemExit("qfuse quantize: --out must differ from the model directory")
+    if args.out.exists() and not args.out.is_dir():
+        raise SystemExit(f"qfuse quantize: --out {args.out} is a file, not a directory")
+    try:  # before the work: an unwritable --out failed only after quantizing (and calibrating)
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"qfuse quantize: cannot create --out {args.out} ({e.strerror or e})") from None
     tokenizer = None
     if builtin:
         model, tokenizer = load_builtin(builtin, getattr(torch, args.dtype or "bfloat16"), "quantize")
         dtype = model.dtype
     else:
-        if not (args.model / "config.json").is_file():
-            raise SystemExit(f"qfuse quantize: {args.model} has no config.json (a local Hugging Face model directory is needed)")
-        if args.out.resolve() == args.model.resolve():
-            raise SystemExit("qfuse quantize: --out must differ from the model directory")
         print(f"loading {args.model}")
         model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype="auto", local_files_only=True)
         dtype = getattr(torch, args.dtype) if args.dtype else (model.dtype if model.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)

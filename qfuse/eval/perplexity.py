@@ -37,6 +37,8 @@ def windows_of(ids: Tensor, window: int, max_windows: int | None = None) -> Tens
     """``ids`` [T] -> [W, window] non-overlapping windows (the short tail dropped)."""
     if window < 2:
         raise ValueError(f"window must be >= 2 tokens, got {window}")
+    if max_windows is not None and max_windows < 1:
+        raise ValueError(f"max_windows must be >= 1, got {max_windows}")
     n = ids.numel() // window
     if max_windows is not None:
         n = min(n, max_windows)
@@ -49,6 +51,8 @@ def windows_of(ids: Tensor, window: int, max_windows: int | None = None) -> Tens
 def perplexity(model: nn.Module, windows: Tensor, batch: int = 1, progress: bool = True) -> Perplexity:
     """Perplexity of ``model`` (called as ``model(input_ids=...)`` returning ``.logits`` or a
     tensor of logits) over ``windows`` [W, T]."""
+    if batch < 1:  # range(0, W, batch) would score nothing and report a perplexity of 1
+        raise ValueError(f"batch must be >= 1, got {batch}")
     device = next(model.parameters()).device
     total = 0.0
     for i in tqdm(range(0, len(windows), batch), desc="perplexity", unit="batch", disable=not progress):

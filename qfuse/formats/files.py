@@ -166,15 +166,20 @@ class CheckpointFiles:
 
 
 def parse_size(size: int | str) -> int:
-    """``"5GB"`` / ``"500MB"`` / an int of bytes -> bytes."""
-    if isinstance(size, int):
-        return size
+    """``"5GB"`` / ``"500MB"`` / an int of bytes -> bytes (a ValueError unless positive)."""
     units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-    s = size.strip().upper()
-    for unit, mult in sorted(units.items(), key=lambda u: -len(u[0])):
-        if s.endswith(unit):
-            return int(float(s[: -len(unit)]) * mult)
-    return int(s)
+    try:
+        if isinstance(size, int):
+            n = size
+        else:
+            s = size.strip().upper()
+            unit = next((u for u in sorted(units, key=len, reverse=True) if s.endswith(u)), None)
+            n = int(float(s[: -len(unit)]) * units[unit]) if unit else int(s)
+    except (AttributeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ValueError(f"max_shard_size must be a positive size such as '5GB', '500MB' or a number of bytes, got {size!r}")
+    return n
 
 
 _SHARD_NAME = re.compile(r"model-\d+-of-\d+\.safetensors")

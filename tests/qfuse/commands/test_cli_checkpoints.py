@@ -74,9 +74,48 @@ def test_version(capsys):
 def test_errors_are_one_line(tmp_path, float_model_dir, capsys):
     with pytest.raises(SystemExit, match="has no config.json"):
         main(["quantize", str(tmp_path), "--scheme", "W4A16", "--out", str(tmp_path / "o")])
-    with pytest.raises(ValueError, match="valid schemes"):
-        main(["quantize", str(float_model_dir), "--scheme", "W3A3", "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="no usable tokenizer"):
         main(["eval", str(tmp_path), "--ppl"])
     with pytest.raises(SystemExit, match="no safetensors"):
         main(["info", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["quantize", "{model}", "--scheme", "W3A3", "--out", "{out}"], "argument --scheme: unknown quantization scheme 'W3A3'"),
+        (["quantize", "{model}", "--scheme", "W4A16", "--lm-head", "FOO", "--out", "{out}"], "argument --lm-head: unknown"),
+        (["quantize", "{model}", "--scheme", "W4A16", "--max-shard-size", "garbage", "--out", "{out}"], "must be a positive size"),
+        (["quantize", "{model}", "--scheme", "W4A16", "--max-shard-size", "0", "--out", "{out}"], "must be a positive size"),
+        (["eval", "{model}", "--ppl", "--scheme", "FOO"], "argument --scheme: unknown"),
+        (["eval", "{model}", "--ppl", "--batch", "0"], "argument --batch: must be an integer >= 1, got '0'"),
+        (["eval", "{model}", "--ppl", "--batch", "-1"], "argument --batch: must be an integer >= 1"),
+        (["eval", "{model}", "--ppl", "--max-windows", "0"], "argument --max-windows: must be an integer >= 1"),
+        (["eval", "{model}", "--ppl", "--device", "foo"], "argument --device"),
+        (["eval", "{model}", "--ppl", "--table", "--out", "{out}", "--schemes", "W3A3"], "argument --schemes: unknown"),
+        (["demo", "--schemes", "W8A8_STATIC"], "W8A8_STATIC needs calibration data"),
+        (["bench", "report", "{out}/none.csv"], "no such file or folder"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_before_any_work(argv, message, float_model_dir, tmp_path, capsys):
+    """An unknown scheme or a bad number is an argparse error (exit 2, no traceback): it was a
+    traceback, or for --batch -1 a perplexity of 1 over no batch, after the model had loaded."""
+    argv = [a.format(model=float_model_dir, out=tmp_path / "o") for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "{model}", "--ppl", "--schemes", "W8A16"], "--schemes belong to --table"),
+        (["eval", "{model}", "--ppl", "--out", "{out}"], "--out belong to --table"),
+        (["eval", "{model}", "--ppl", "--text", "{out}/none.txt"], "is not a file"),
+        (["quantize", "{model}", "--scheme", "W4A16", "--out", "{model}/config.json"], "is a file, not a directory"),
+    ],
+)
+def test_conflicting_or_missing_paths_stop_before_loading(argv, message, float_model_dir, tmp_path):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main([a.format(model=float_model_dir, out=tmp_path / "o") for a in argv])

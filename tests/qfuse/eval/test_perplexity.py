@@ -44,6 +44,16 @@ def test_windows_drop_the_tail_and_cap():
         windows_of(ids[:50], 128)
     with pytest.raises(ValueError, match=">= 2"):
         windows_of(ids, 1)
+    for bad in (0, -1):  # 0 claimed the text was too short, -1 failed in reshape
+        with pytest.raises(ValueError, match=f"max_windows must be >= 1, got {bad}"):
+            windows_of(ids, 128, max_windows=bad)
+
+
+@pytest.mark.parametrize("batch", [0, -1])
+def test_batch_below_one_is_refused(batch):
+    """range(0, W, -1) scored nothing and returned a perplexity of 1."""
+    with pytest.raises(ValueError, match=f"batch must be >= 1, got {batch}"):
+        perplexity(UniformLM(37), windows_of(torch.randint(0, 37, (700,)), 64), batch=batch, progress=False)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -352,3 +352,10 @@ def test_read_json_of_a_directory_or_missing_file(tmp_path):
 def test_read_json(tmp_path):
     (tmp_path / "c.json").write_text('{"a": [1, 2], "b": "\u00e9"}', encoding="utf-8")
     assert read_json(tmp_path / "c.json") == {"a": [1, 2], "b": "\u00e9"}
+
+
+@pytest.mark.parametrize("size", ["garbage", "0", 0, -5, "-1MB", "0.0001KB", None])
+def test_parse_size_refuses_what_is_not_a_positive_size(size):
+    """0 and -1 wrote one shard per tensor; 'garbage' failed in int() after the work."""
+    with pytest.raises(ValueError, match="max_shard_size must be a positive size"):
+        parse_size(size)
