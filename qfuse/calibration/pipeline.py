@@ -20,6 +20,7 @@ On the CPU the passes run in float32 (bf16 matmuls are ~10x slower there: 90 vs 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -99,10 +100,13 @@ def _capture_inputs(model: nn.Module, first: nn.Module, batches: list[Tensor]) -
         raise _StopForward
 
     handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+    params = inspect.signature(model.forward).parameters
+    # no KV cache for a Hugging Face model; a decoder without the argument (qfuse's TinyLlama) has none
+    kwargs = {"use_cache": False} if "use_cache" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()) else {}
     try:
         for b in batches:
             try:
-                model(input_ids=b, use_cache=False)
+                model(input_ids=b, **kwargs)
             except _StopForward:
                 pass
     finally:

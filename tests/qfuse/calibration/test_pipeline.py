@@ -300,3 +300,16 @@ def test_progress_bar_can_be_disabled(capsys):
     assert captured.err == "" and captured.out == ""
     qfuse.quantize_model(copy.deepcopy(_base("llama")), "W8A8", progress=True, calibration="sq", calibration_data=DATA)
     assert "qfuse calibrate (SmoothQuant)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("scheme", "calibration"), [("W4A16", "gptq"), ("W8A8_STATIC", None), ("W8A8", "sq")])
+def test_calibrates_the_built_in_tiny_llama(scheme, calibration):
+    """qfuse's own TinyLlama has no use_cache argument; its calibration failed with a TypeError."""
+    from qfuse.tiny_llama import tiny_llama
+
+    base, model = tiny_llama(), tiny_llama()
+    ids = torch.randint(0, base.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    qfuse.quantize_model(model, scheme, calibration=calibration, calibration_data=[ids], progress=False)
+    assert any(isinstance(m, qfuse.QuantLinear) for m in model.modules())
+    with torch.inference_mode():
+        assert rel_err(model(ids).float(), base(ids).float()) < 0.1
