@@ -12,9 +12,11 @@ qfuse --version
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
 import sys
+import warnings
 
 
 def _bench_names() -> list[str]:
@@ -54,6 +56,15 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args.schemes, compile_model=not args.no_compile, dtype=args.dtype)
 
 
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """A warning on the command line is one ``qfuse: warning: ...`` line, not the path and source
+    line of the qfuse code that raised it."""
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, category, *_, **__: print(f"qfuse: warning: {message}", file=sys.stderr)
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     from .commands import evaluate, info, kernels, quantize
 
@@ -76,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command != "bench":
-        return args.run(args)
+        with _warnings_as_lines():
+            return args.run(args)
     if args.name not in _bench_names():
         parser.error(f"unknown benchmark {args.name!r}; choose from {', '.join(_bench_names())}")
     module = importlib.import_module(f"qfuse.bench.{args.name}")

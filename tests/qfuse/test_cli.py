@@ -17,8 +17,19 @@ def test_demo_prints_table(capsys):
     assert "bfloat16" in lines
 
 
-def test_unknown_bench_and_scheme():
+def test_unknown_bench_and_scheme(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "nope"])
-    with pytest.raises(ValueError, match="valid schemes"):
+    with pytest.raises(SystemExit) as e:
         main(["demo", "--schemes", "W2A2", "--no-compile"])
+    assert e.value.code == 2 and "valid schemes" in capsys.readouterr().err
+
+
+def test_warnings_are_one_line(capsys):
+    import warnings
+
+    from qfuse.cli import _warnings_as_lines
+
+    with _warnings_as_lines():
+        warnings.warn("quantize_model: something to know", UserWarning, stacklevel=1)
+    assert capsys.readouterr().err == "qfuse: warning: quantize_model: something to know\n"
