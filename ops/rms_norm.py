@@ -76,8 +76,8 @@ def _check(op: str, x: Tensor, weight: Tensor, eps: float, residual: Tensor | No
         check_dtype(op, "residual", residual, x.dtype)
         check_shape(op, "residual", residual, tuple(x.shape), "same as x")
     check_same_device(op, "x", x, weight=weight, residual=residual)
-    if isinstance(eps, bool) or not isinstance(eps, (float, int)) or not eps > 0.0:
-        raise ValueError(f"qfuse.{op}: eps must be a positive float, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (float, int)) or not 0.0 < eps < float("inf"):  # inf: all zeros
+        raise ValueError(f"qfuse.{op}: eps must be a positive finite float, got {eps!r}")
 
 
 def _int8_and_scale_like(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -85,8 +85,9 @@ def test_rejects_bad_input():
         q.rms_norm(x, w.float(), EPS)
     with pytest.raises(ValueError, match=r"weight must have shape \(32,\)"):
         q.rms_norm(x, torch.ones(16, dtype=torch.bfloat16), EPS)
-    with pytest.raises(ValueError, match="eps must be a positive float"):
-        q.rms_norm(x, w, -1.0)
+    for eps in (-1.0, 0.0, float("inf"), float("nan")):  # inf normalized everything to zeros
+        with pytest.raises(ValueError, match="eps must be a positive finite float"):
+            q.rms_norm(x, w, eps)
     with pytest.raises(ValueError, match=r"residual must have shape \(4, 32\)"):
         q.fused_add_rms_norm(x, x[:2], w, EPS)
     with pytest.raises(TypeError, match="residual must be bfloat16"):

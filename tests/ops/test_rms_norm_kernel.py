@@ -150,7 +150,7 @@ def test_cuda_entries_check_arguments_before_any_kernel():
     x = torch.randn(2, 8).half()
     with pytest.raises(TypeError, match="weight must be float16"):
         mod._rms_norm_quant_cuda(x, torch.ones(8), 1e-6)
-    with pytest.raises(ValueError, match="eps must be a positive float"):
+    with pytest.raises(ValueError, match="eps must be a positive finite float"):
         mod._fused_add_rms_norm_quant_cuda(x, x, torch.ones(8).half(), 0.0)
     with pytest.raises(ValueError, match="residual must have shape"):
         mod._fused_add_rms_norm_cuda(x, x[:1], torch.ones(8).half(), 1e-6)
