@@ -291,6 +291,8 @@ def from_pretrained(
     import transformers
 
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: {'not a directory' if path.exists() else 'no such directory'} (a checkpoint is a directory)")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json to build the model from (pass a model to load_quantized instead)")
     quantization_config(path)  # an unreadable config raises a CheckpointError naming it, before transformers reads it

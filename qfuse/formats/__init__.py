@@ -19,6 +19,8 @@ SIDE_CONFIGS = ("quantize_config.json", "quant_config.json")
 def quantization_config(path: Path) -> tuple[dict, dict]:
     """(config.json as a dict, the quantization config) of a checkpoint directory: config.json's
     ``quantization_config``, else ``quantize_config.json`` / ``quant_config.json``."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: {'not a directory' if path.exists() else 'no such directory'} (a checkpoint is a directory)")
     config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
     qc = config.get("quantization_config")
     for name in SIDE_CONFIGS:

@@ -245,3 +245,13 @@ def test_a_dtype_name_it_does_not_know_is_named(tmp_path):
     qfuse.save_quantized(model, tmp_path, progress=False)
     with pytest.raises(ValueError, match="float16 or bfloat16, got 'fp16'"):
         qfuse.from_pretrained(tmp_path, dtype="fp16", progress=False)
+
+
+def test_a_missing_directory_is_named_as_such(tmp_path):
+    """It was reported as a directory without config.json / without a quantization config."""
+    for call in (lambda p: qfuse.from_pretrained(p, progress=False), lambda p: qfuse.load_quantized(p, nn.Linear(2, 2), progress=False)):
+        with pytest.raises(qfuse.CheckpointError, match="none: no such directory"):
+            call(tmp_path / "none")
+        (tmp_path / "file").write_text("")
+        with pytest.raises(qfuse.CheckpointError, match="file: not a directory"):
+            call(tmp_path / "file")
