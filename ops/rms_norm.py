@@ -23,11 +23,10 @@ reference kernels below are written as that composition. An all-zero row
 normalizes to zeros (rsqrt(eps) is finite for eps > 0). All outputs are contiguous.
 
 CUDA kernels: Triton, one kernel for all four ops in ``ops/activation/norm_kernels.py``. On
-one device a fused op equals the composition of the unfused CUDA ops bit for bit where H is a
-multiple of 16 (every hidden size of the models qfuse targets); for other H, Triton may lay the
-fused kernel's tile out differently and sum the squares in another order (compiled for sm_90:
-triton 3.7.1 at H = 1000; 3.8.0 at H = 1000, 2050, 4095, 4097), moving a row by up to the
-2 ulps below;
+one device a fused op equals the composition of the unfused CUDA ops bit for bit, except for H
+a multiple of 8 but not of 16 up to 1024 (520, 1000, 1016: compiled for sm_90 with triton 3.7.1,
+3.8.0 and 3.9.0, ``rms_norm_quant`` sums the squares in another order than ``rms_norm``, which
+can move a row by up to the 2 ulps below; every other H tested agrees, 4095 and 4097 included);
 against the plain-torch reference the float sum of squares is taken in another
 order, so an output can differ by up to 2 ulps of its dtype where the normalized
 value lies at a rounding boundary (one ulp in dtype(x * rsqrt), doubled at most by

@@ -395,7 +395,7 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     wgmma families (tiled_planes, mma_words, tiled_tma) at three keys: no instruction writes a register
     of a wgmma still in flight (PTX leaves the result undefined: the former 8-bit TMA path's wrong
     results on the H200, ops/wna16/tma.py). The control: tiled_planes' JOIN form at 16 x 64 x 128
-    split 2, opt-in because ptxas does exactly that there (is_experimental)."""
+    split 2, opt-in because ptxas does exactly that there (is_experimental) with triton 3.6-3.8."""
     from ._sm90_scripts import run_sm90_script_per_case
 
     join = '{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SWAP_AB": true, "JOIN": true, "PLANES": 4, "num_warps": 4, "num_stages": 3}'
@@ -414,4 +414,8 @@ def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():
     assert any('"WORDS": true' in line for line in offered), lines
     assert all(line.endswith(" hazards 0") for line in offered), [line for line in offered if not line.endswith(" hazards 0")]
     control = lines[-1]
-    assert control.startswith("compiled planessass,") and " hazards 0" not in control, control
+    assert control.startswith("compiled planessass,"), control
+    import triton
+
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):  # 3.9 compiles the JOIN form without the write (seen)
+        assert " hazards 0" not in control, control  # the detector's own cases: tests/qfuse/bench/test_sass.py
