@@ -10,6 +10,8 @@ import argparse
 
 import torch
 
+from .common import positive_int
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("kernels", help="explain the kernel choice of a GEMM: families considered, refused (why), picked")
@@ -22,7 +24,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="activation dtype (default bfloat16)")
     p.add_argument("--gpu", default=None, help="GPU name of the tuned tables (default: this machine's GPU, else NVIDIA_H200)")
-    p.add_argument("--sms", type=int, default=None, help="streaming multiprocessors (default: this GPU's, else 132)")
+    p.add_argument("--sms", type=positive_int, default=None, help="streaming multiprocessors (default: this GPU's, else 132)")
     p.add_argument("--no-tma", action="store_true", help="a GPU without TMA (compute capability < 9.0)")
     p.add_argument(
         "--moe", nargs=2, type=int, metavar=("E", "TOP_K"), default=None, help="explain fused_moe instead: E experts, TOP_K per token (N = I, K = H)"
@@ -70,6 +72,9 @@ def explain(
             f"K={k} is not divisible by {s.name}'s group size {s.group_size} "
             "(quantize_model gives such layers a smaller group: try that scheme, e.g. W4A16_G64)"
         )
+    from ..linear import check_quantizable  # what quantize_model refuses (odd K at 4 bits, K past the int8 ops' limit)
+
+    check_quantizable(torch.empty(n, k, dtype=dtype, device="meta"), s, f"K={k}")
     if moe is not None:
         from ..ops.moe import dispatch as moe_dispatch
 

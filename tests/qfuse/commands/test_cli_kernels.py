@@ -54,12 +54,20 @@ def test_explain_takes_the_user_cache_first(capsys, monkeypatch, tmp_path):
         (["1", "4096", "4000", "W4A16"], "not divisible"),
         (["x", "4096", "4096", "W4A16"], "must be integers"),
         (["0", "4096", "4096", "W4A16"], "positive"),
+        (["16", "4096", "200000", "W8A8"], "exceeds 131071"),  # what quantize_model refuses is not explained
+        (["1", "4096", "4097", "W4A16_CH"], "must be even"),
     ],
 )
 def test_explain_errors_in_one_line(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(["kernels", "--explain", *args])
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_sms_below_one_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["kernels", "--explain", "1", "4096", "4096", "W4A16", "--sms", "0"])
+    assert exc.value.code == 2 and "argument --sms: must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_explain_moe(capsys, monkeypatch, tmp_path):
