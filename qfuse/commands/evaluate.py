@@ -138,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if builtin:
         model, tok = load_builtin(builtin, dtype or (torch.bfloat16 if quantizing else torch.float32), "eval")
     else:
+        if not args.model.is_dir():
+            raise SystemExit(f"qfuse eval: {args.model}: no such directory (a model directory, or a built-in model: {', '.join(BUILTIN_MODELS)})")
         try:
             tok = transformers.AutoTokenizer.from_pretrained(args.model, local_files_only=True)
         except (OSError, ValueError) as e:

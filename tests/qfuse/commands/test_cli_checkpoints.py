@@ -76,6 +76,8 @@ def test_errors_are_one_line(tmp_path, float_model_dir, capsys):
         main(["quantize", str(tmp_path), "--scheme", "W4A16", "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="no usable tokenizer"):
         main(["eval", str(tmp_path), "--ppl"])
+    with pytest.raises(SystemExit, match="none: no such directory"):
+        main(["eval", str(tmp_path / "none"), "--ppl"])
     with pytest.raises(SystemExit, match="no safetensors"):
         main(["info", str(tmp_path)])
 
