@@ -147,6 +147,29 @@ def _check_tied(model: nn.Module, plain: dict[str, Tensor], files) -> None:
                 )
 
 
+# Config fields that change what the same tensors compute (a tensor's shape does not show them):
+# a checkpoint loaded into a model built with other values gives other logits without an error.
+_SEMANTIC_FIELDS = ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "num_experts_per_tok", "norm_topk_prob")
+
+
+def _check_config(model: nn.Module, config: dict, path: Path) -> None:
+    """Fail where the model's config and the checkpoint's config.json disagree on a field of
+    ``_SEMANTIC_FIELDS`` that both have."""
+    mine = getattr(model, "config", None)
+    if mine is None or not config:
+        return
+    differ = [
+        f"{f}: config.json {config[f]!r}, the model {getattr(mine, f)!r}"
+        for f in _SEMANTIC_FIELDS
+        if f in config and config[f] is not None and getattr(mine, f, None) is not None and getattr(mine, f) != config[f]
+    ]
+    if differ:
+        raise CheckpointError(
+            f"{path / 'config.json'}: the model was built with another architecture than the checkpoint's ({'; '.join(differ)}); "
+            "build it from this config.json (qfuse.from_pretrained does)"
+        )
+
+
 def load_quantized(
     path: str | Path,
     model: nn.Module | None = None,
@@ -187,6 +210,7 @@ def load_quantized(
     path = Path(path)
     reader = open_checkpoint(path)
     config, _ = quantization_config(path)
+    _check_config(model, config, path)
     dtype = _model_dtype(config, dtype, reader)
     specs = reader.layers()
     sites = moe_sites(model)

@@ -255,3 +255,21 @@ def test_a_missing_directory_is_named_as_such(tmp_path):
         (tmp_path / "file").write_text("")
         with pytest.raises(qfuse.CheckpointError, match="file: not a directory"):
             call(tmp_path / "file")
+
+
+def test_a_model_built_with_other_heads_is_refused(tmp_path):
+    """Same tensor shapes, other heads: the weights loaded and gave other logits without an error."""
+    import transformers
+
+    def llama(heads, kv_heads):
+        cfg = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=kv_heads
+        )
+        return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+    qfuse.save_quantized(qfuse.quantize_model(llama(4, 2), "W8A16", progress=False), tmp_path, progress=False)
+    other = llama(8, 4)  # head_dim 32 instead of 64: q / k / v / o keep their shapes
+    with pytest.raises(qfuse.CheckpointError, match="num_attention_heads: config.json 4, the model 8"):
+        qfuse.load_quantized(tmp_path, other, progress=False)
+    assert not any(isinstance(m, qfuse.QuantLinear) for m in other.modules())
+    qfuse.load_quantized(tmp_path, llama(4, 2), progress=False)
