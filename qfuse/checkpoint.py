@@ -33,7 +33,7 @@ from .eager_graphs import graph_blocks
 from .formats import CheckpointError, open_checkpoint, quantization_config
 from .formats.compressed_tensors import EXTENSION_KEY, EXTENSION_NAME, layer_to_ct
 from .formats.compressed_tensors import NAME as CT_NAME
-from .formats.files import parse_size, write_safetensors
+from .formats.files import check_checkpoint_dir, parse_size, write_safetensors
 from .fused_projections import ProjectionSlice, member_layers
 from .linear import QuantLinear
 from .moe import QuantExperts, QuantMoE
@@ -315,8 +315,7 @@ def from_pretrained(
     import transformers
 
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: {'not a directory' if path.exists() else 'no such directory'} (a checkpoint is a directory)")
+    check_checkpoint_dir(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json to build the model from (pass a model to load_quantized instead)")
     quantization_config(path)  # an unreadable config raises a CheckpointError naming it, before transformers reads it

@@ -7,7 +7,7 @@ from pathlib import Path
 from .awq import AwqCheckpoint, is_awq
 from .base import LayerSpec
 from .compressed_tensors import CompressedTensorsCheckpoint, is_compressed_tensors
-from .files import CheckpointError, CheckpointFiles, read_json
+from .files import CheckpointError, CheckpointFiles, check_checkpoint_dir, read_json
 from .gptq import GptqCheckpoint, is_gptq
 
 __all__ = ["CheckpointError", "CheckpointFiles", "LayerSpec", "open_checkpoint", "quantization_config"]
@@ -19,8 +19,7 @@ SIDE_CONFIGS = ("quantize_config.json", "quant_config.json")
 def quantization_config(path: Path) -> tuple[dict, dict]:
     """(config.json as a dict, the quantization config) of a checkpoint directory: config.json's
     ``quantization_config``, else ``quantize_config.json`` / ``quant_config.json``."""
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: {'not a directory' if path.exists() else 'no such directory'} (a checkpoint is a directory)")
+    check_checkpoint_dir(path)
     config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
     qc = config.get("quantization_config")
     for name in SIDE_CONFIGS:

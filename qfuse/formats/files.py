@@ -28,6 +28,12 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupt, or disagrees with its own config."""
 
 
+def check_checkpoint_dir(path: Path) -> None:
+    """A path that does not exist, or is a file, named as such (not as a directory missing its files)."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: {'not a directory' if path.exists() else 'no such directory'} (a checkpoint is a directory)")
+
+
 def read_json(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
