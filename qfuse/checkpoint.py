@@ -120,11 +120,10 @@ def _plain_tensors(reader, model: nn.Module, consumed: set[str], quantized: tupl
     return plain
 
 
-def _check_nothing_missing(model: nn.Module, replaced: tuple[str, ...], plain: dict[str, Tensor], files) -> None:
+def _check_nothing_missing(model: nn.Module, aliases: dict[str, list[str]], replaced: tuple[str, ...], plain: dict[str, Tensor], files) -> None:
     """Fail, before the model is touched, on any parameter or stored buffer the checkpoint
-    does not provide (a tied weight is provided when one of its names is); names under a
-    ``replaced`` prefix belong to modules the loader replaces."""
-    aliases = _aliases(model)
+    does not provide (a tied weight is provided when one of its names is, ``aliases``: the
+    model's :func:`_aliases`); names under a ``replaced`` prefix belong to modules the loader replaces."""
     stored = set(model.state_dict(keep_vars=True))
     missing = [n for n in aliases if n in stored and not n.startswith(replaced) and not any(a in plain for a in aliases[n])]
     if missing:
@@ -133,11 +132,10 @@ def _check_nothing_missing(model: nn.Module, replaced: tuple[str, ...], plain: d
         raise CheckpointError(f"{files.path}: the checkpoint has no tensor for {', '.join(missing[:10])}{more} (searched {shards})")
 
 
-def _check_tied(model: nn.Module, plain: dict[str, Tensor], files) -> None:
-    """Fail on two stored tensors with different values for one tensor of the model (a checkpoint
-    with its own ``lm_head.weight`` loaded into a model built with tied embeddings): assigning
-    both would keep whichever came last."""
-    aliases = _aliases(model)
+def _check_tied(aliases: dict[str, list[str]], plain: dict[str, Tensor], files) -> None:
+    """Fail on two stored tensors with different values for one tensor of the model (``aliases``:
+    its :func:`_aliases`; a checkpoint with its own ``lm_head.weight`` loaded into a model built
+    with tied embeddings): assigning both would keep whichever came last."""
     for name, t in plain.items():
         for other in aliases.get(name, ()):
             if other > name and other in plain and not torch.equal(plain[other], t):
@@ -247,8 +245,9 @@ def load_quantized(
         else:
             plain[f"{name}.experts.gate_up_proj"], plain[f"{name}.experts.down_proj"] = gate_up, down
     replaced = tuple(f"{to_model(p)}." for p in specs) + tuple(f"{n}.experts." for n in [*moe_specs, *float_moes])
-    _check_nothing_missing(model, replaced, plain, reader.files)
-    _check_tied(model, plain, reader.files)
+    aliases = _aliases(model)
+    _check_nothing_missing(model, aliases, replaced, plain, reader.files)
+    _check_tied(aliases, plain, reader.files)
     built, moes = {}, dict(float_moes)
     total = len(specs) + sum(len(rows) * 3 for rows in moe_specs.values())
     with tqdm(total=total, desc=f"qfuse load ({reader.name})", unit="layer", disable=not progress) as bar:
@@ -259,7 +258,6 @@ def load_quantized(
             built[to_model(prefix)] = reader.build(spec, dtype).to(device)
             bar.update()
     # Everything is read and checked: the model changes from here on.
-    aliases = _aliases(model)
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     for name, moe in moes.items():  # before the layers: a shared expert's Linears are set inside the new block
         model.set_submodule(name, moe)
