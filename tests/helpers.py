@@ -18,6 +18,14 @@ def decode_uint4(packed: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def linear_of(weight: torch.Tensor) -> torch.nn.Linear:
+    """An ``nn.Linear`` without bias holding ``weight`` [N, K], in its dtype."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    return lin
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import qfuse
-from tests.helpers import rel_err
+from tests.helpers import linear_of, rel_err
 
 
 @pytest.mark.parametrize("scheme", list(qfuse.SCHEMES))
@@ -62,7 +62,7 @@ def test_module_to_dtype_keeps_the_float32_scales(scheme, to):
 
         q = qfuse.QuantLinear(256, 64, scheme, {**quantize_w8a8(w), "input_scale": torch.tensor([0.0123456])}, None)
     else:
-        q = qfuse.QuantLinear.from_linear(_linear(w), scheme)
+        q = qfuse.QuantLinear.from_linear(linear_of(w), scheme)
     scales = {n: b.clone() for n, b in q.named_buffers() if b.dtype == torch.float32}
     assert scales
     x = torch.randn(3, 256).to(to)
@@ -71,13 +71,6 @@ def test_module_to_dtype_keeps_the_float32_scales(scheme, to):
     for n, b in scales.items():
         assert q.get_buffer(n).dtype == torch.float32 and torch.equal(q.get_buffer(n), b), n
     assert torch.equal(q(x), ref)
-
-
-def _linear(w):
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype)
-    with torch.no_grad():
-        lin.weight.copy_(w)
-    return lin
 
 
 def test_input_of_another_width_is_refused():

@@ -5,12 +5,11 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 
 import qfuse
 from qfuse.linear import QuantLinear
 from qfuse.moe import QuantExperts, QuantMoE
-from tests.helpers import rel_err
+from tests.helpers import linear_of, rel_err
 
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
 
@@ -181,16 +180,9 @@ def test_compile_fullgraph_matches_eager():
 
 def _act_order_layer(weight: torch.Tensor, perm: torch.Tensor, scheme: str) -> QuantLinear:
     """A layer quantized in input order ``perm`` (groups of consecutive permuted columns), as act-order checkpoints store it."""
-    stored = QuantLinear.from_linear(_linear_of(weight[:, perm]), scheme)
+    stored = QuantLinear.from_linear(linear_of(weight[:, perm]), scheme)
     stored.act_perm = perm
     return stored
-
-
-def _linear_of(weight: torch.Tensor) -> nn.Linear:
-    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(weight.dtype)
-    with torch.no_grad():
-        lin.weight.copy_(weight)
-    return lin
 
 
 def test_act_order_expert_layers_stack_and_round_trip():
@@ -212,7 +204,7 @@ def test_act_order_expert_layers_stack_and_round_trip():
                 )
             )
         else:
-            layers.append(tuple(QuantLinear.from_linear(_linear_of(w), "W4A16") for w in (gate_up[k, :i], gate_up[k, i:], down[k])))
+            layers.append(tuple(QuantLinear.from_linear(linear_of(w), "W4A16") for w in (gate_up[k, :i], gate_up[k, i:], down[k])))
     experts = QuantExperts.from_expert_layers(layers, 2, True, "W4A16")
     assert torch.equal(experts.w13_act_perm[0], torch.arange(h)) and torch.equal(experts.w13_act_perm[1], layers[1][0].act_perm)
     assert torch.equal(experts.w2_act_perm[3], layers[3][2].act_perm)
