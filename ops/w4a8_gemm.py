@@ -60,8 +60,12 @@ def w4a8_int_weight(qweight: Tensor, group_scale: Tensor | None, group_size: int
     """``w_int = (u - 8) * group_scale`` as int8 ``[N, K]`` (the kernel's int8 operand)."""
     q = unpack_int4(qweight).to(torch.int16) - 8
     if group_scale is not None:
-        if group_scale.numel() and (int(group_scale.min()) < 1 or int(group_scale.max()) > GROUP_SCALE_MAX):
-            raise ValueError(f"qfuse.{OP}: group_scale values must lie in [1, {GROUP_SCALE_MAX}]")
+        bad = int(((group_scale < 1) | (group_scale > GROUP_SCALE_MAX)).sum()) if group_scale.numel() else 0
+        if bad:
+            raise ValueError(
+                f"qfuse.{OP}: group_scale values must lie in [1, {GROUP_SCALE_MAX}]; {bad} of {group_scale.numel()} "
+                f"do not (min {int(group_scale.min())}, max {int(group_scale.max())})"
+            )
         q = q * group_scale.to(torch.int16).repeat_interleave(group_size, dim=1)
     return q.to(torch.int8)
 

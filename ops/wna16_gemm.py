@@ -98,7 +98,7 @@ def check_wna16_args(x, qweight, scales, zeros, bias, bits, group_size) -> tuple
     check_dtype(OP, "qweight", qweight, torch.uint8)
     check_ndim(OP, "qweight", qweight, 2, "[N, K] for 8-bit, [N, K // 2] for 4-bit")
     n = qweight.shape[0]
-    check_shape(OP, "qweight", qweight, (n, k * bits // 8), f"{bits}-bit codes for K={k}")
+    check_shape(OP, "qweight", qweight, (n, k * bits // 8), f"{bits}-bit codes for K={k} from x")
     check_contiguous(OP, "qweight", qweight)
     groups = check_group_size(OP, group_size, k)
     check_dtype(OP, "scales", scales, x.dtype)

@@ -82,5 +82,9 @@ def test_rejects_bad_input():
         op(random_int8(2, 255), xs, qw, ws, gs, None, 128, hf)
     with pytest.raises(ValueError, match="K=320 is not divisible by group_size=128"):
         op(random_int8(2, 320), xs, torch.zeros(8, 160, dtype=torch.uint8), ws, torch.ones(8, 2, dtype=torch.int8), None, 128, hf)
-    with pytest.raises(ValueError, match=r"group_scale values must lie in \[1, 16\]"):
+    with pytest.raises(ValueError, match=r"group_scale values must lie in \[1, 16\]; 16 of 16 do not \(min 17, max 17\)"):
         op(xq, xs, qw, ws, torch.full_like(gs, 17), None, 128, hf)
+    one_zero = gs.clone()
+    one_zero[3, 1] = 0
+    with pytest.raises(ValueError, match=r"; 1 of 16 do not \(min 0, max"):
+        op(xq, xs, qw, ws, one_zero, None, 128, hf)

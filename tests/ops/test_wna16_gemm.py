@@ -69,7 +69,7 @@ def test_rejects_bad_input():
         op(x, qw.view(torch.int8), s, z, b, 4, 64)
     with pytest.raises(TypeError, match="scales must be float16, got bfloat16"):
         op(x, qw, s.bfloat16(), z, b, 4, 64)
-    with pytest.raises(ValueError, match=r"qweight must have shape \(16, 64\)"):
+    with pytest.raises(ValueError, match=r"qweight must have shape \(16, 64\) \(4-bit codes for K=128 from x\)"):
         op(x, torch.zeros(16, 128, dtype=torch.uint8), s, z, b, 4, 64)
     with pytest.raises(ValueError, match="x must be 2-D"):
         op(x[None], qw, s, z, b, 4, 64)
