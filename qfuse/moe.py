@@ -25,6 +25,8 @@ fused buffers and per-expert ``QuantLinear`` layers (qfuse/checkpoint.py).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -338,6 +340,17 @@ class QuantExperts(KeepsFloat32Buffers):
         )
 
 
+def router_logits_recorded() -> bool:
+    """Whether transformers is recording router logits (``output_router_logits=True``: its
+    load-balancing loss reads them). It records them by a forward hook on the router module
+    (transformers 5, ``utils/output_capturing.py``), so the router module must run then; its
+    logits are the ``F.linear`` the block computes otherwise."""
+    capturing = sys.modules.get("transformers.utils.output_capturing")
+    collector = getattr(capturing, "_active_collector", None)
+    collected = collector.get() if collector is not None else None
+    return collected is not None and "router_logits" in collected
+
+
 class QuantMoE(nn.Module):
     """A sparse-MoE block: float router ``gate``, :class:`QuantExperts`, and (Qwen2-MoE) the block's own
     ``shared_expert`` and ``shared_expert_gate`` modules. ``forward(hidden_states [..., H]) -> [..., H]``,
@@ -377,14 +390,20 @@ class QuantMoE(nn.Module):
         return cls(block.gate, experts, getattr(block, "shared_expert", None), getattr(block, "shared_expert_gate", None), block_type)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
-        if replayable(hidden_states):  # eager CUDA calls at decode sizes: a CUDA-graph replay (qfuse/eager_graphs.py)
+        # eager CUDA calls at decode sizes: a CUDA-graph replay (qfuse/eager_graphs.py), unless the
+        # router's output is being recorded (a replay runs no forward hook)
+        if replayable(hidden_states) and not router_logits_recorded():
             return graphs_of(self)(self._forward, own_tensors(self), hidden_states)
         return self._forward(hidden_states)
 
     def _forward(self, hidden_states: Tensor) -> Tensor:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
-        router_logits = F.linear(x, self.gate.weight)
+        if router_logits_recorded():  # the router module itself, whose forward hook records its logits
+            out = self.gate(x)
+            router_logits = out[0] if isinstance(out, tuple) else out
+        else:
+            router_logits = F.linear(x, self.gate.weight)
         out = self.experts(x, router_logits)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -97,8 +97,9 @@ def _warn_unmatched(patterns: tuple[str, ...], names: list[str]) -> None:
 def _refuse_nothing_to_quantize(model: nn.Module, linears: list, candidates: list, patterns: tuple[str, ...]) -> None:
     """Returning a model with no quantized layer would look like success (a model of
     transformers Conv1D layers, an ignore pattern matching everything, an fp32 model whose
-    norms alone would be converted and then fail at every forward)."""
-    if linears:
+    norms alone would be converted and then fail at every forward). Sparse-MoE experts that
+    ``ignore`` leaves count as layers to quantize (experts only, attention kept float)."""
+    if linears or _kept_moe_blocks(model, patterns):
         return
     n_linear = sum(isinstance(m, nn.Linear) for _, m in candidates)
     why = f"all {n_linear} nn.Linear layer(s) are matched by ignore={patterns!r}" if n_linear else f"{type(model).__name__} contains no nn.Linear"
@@ -304,6 +305,11 @@ def _moe_scheme(scheme: Scheme, hidden: int, intermediate: int, group_fallback: 
     return scheme
 
 
+def _kept_moe_blocks(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
+    """The sparse-MoE blocks that ``ignore`` matches neither by the block's name nor by ``<block>.experts``."""
+    return [(n, b) for n, b in sparse_moe_blocks(model) if not (_ignored(n, patterns) or _ignored(f"{n}.experts", patterns))]
+
+
 def _moe_replacements(
     model: nn.Module, scheme: Scheme, patterns: tuple[str, ...], group_fallback: bool, simulated: bool
 ) -> list[tuple[str, nn.Module]]:
@@ -312,7 +318,7 @@ def _moe_replacements(
     swapped in. Its experts take ``scheme`` by round to nearest; the shared expert's Linears stay the
     block's own modules and are converted as Linears. Calibration and the fake-quant simulation do not
     cover experts yet, so those refuse a model with such blocks."""
-    blocks = [(n, b) for n, b in sparse_moe_blocks(model) if not (_ignored(n, patterns) or _ignored(f"{n}.experts", patterns))]
+    blocks = _kept_moe_blocks(model, patterns)
     if not blocks:
         return []
     names = ", ".join(_label(n) for n, _ in blocks[:3]) + (", ..." if len(blocks) > 3 else "")

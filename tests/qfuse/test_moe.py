@@ -141,6 +141,34 @@ def test_quantize_model_ignore_and_group_fallback():
     assert model.model.layers[0].mlp.experts.scheme.group_size == 64
 
 
+def test_quantize_model_experts_only():
+    """Every nn.Linear ignored (Mixtral's routers are not Linears): the experts alone are quantized."""
+    model = tiny_moe_model("mixtral", layers=2)
+    qfuse.quantize_model(model, "W4A16", ignore=["model.layers.*.self_attn.*"], progress=False)
+    assert all(isinstance(layer.mlp, QuantMoE) and type(layer.self_attn.q_proj) is torch.nn.Linear for layer in model.model.layers)
+    with pytest.raises(ValueError, match="nothing to quantize"):  # the blocks ignored too: nothing is left
+        qfuse.quantize_model(tiny_moe_model("mixtral"), "W4A16", ignore=["model.layers.*.self_attn.*", "model.layers.*.mlp"], progress=False)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_output_router_logits_are_recorded(arch):
+    """``output_router_logits=True`` (fine-tuned MoE configs set it): transformers records the router
+    module's output by a forward hook, and its load-balancing loss reads one tensor per layer."""
+    model = tiny_moe_model(arch, layers=2)
+    model.config.output_router_logits = True
+    ids = torch.randint(0, 64, (2, 6))
+    with torch.no_grad():
+        ref = model(ids)
+        qfuse.quantize_model(model, "W8A16", ignore=["model.layers.*.self_attn.*"], progress=False)
+        out = model(ids)
+        plain = model(ids, output_router_logits=False)
+    assert len(out.router_logits) == len(ref.router_logits) == 2
+    torch.testing.assert_close(out.router_logits[0], ref.router_logits[0], rtol=0, atol=0)  # layer 0: the same router input
+    assert torch.isfinite(out.aux_loss) and abs(out.aux_loss - ref.aux_loss) < 0.1 * ref.aux_loss
+    assert plain.router_logits is None
+    torch.testing.assert_close(plain.logits, out.logits, rtol=0, atol=0)
+
+
 def test_refusals():
     block = _block(tiny_moe_model("mixtral", hidden=64, intermediate=32))
     with pytest.raises(TypeError, match="qfuse runs fp16/bf16 models"):
