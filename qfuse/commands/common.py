@@ -99,16 +99,27 @@ def human_bytes(n: float) -> str:
 
 
 def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
-    """(bytes of quantizable linear weights, bytes of every other parameter and buffer)."""
+    """(bytes of quantizable weights: linear layers and sparse-MoE experts, bytes of every other
+    parameter and buffer)."""
+    from ..moe import QuantExperts, sparse_moe_blocks
+
     linear = 0
     counted = set()
     for m in model.modules():
         if isinstance(m, QuantLinear):
             linear += m.weight_bytes()
             counted.update(id(b) for n, b in m.named_buffers() if n != "bias")
+        elif isinstance(m, QuantExperts):
+            linear += m.weight_bytes()
+            counted.update(id(b) for b in m.buffers())
         elif isinstance(m, nn.Linear):
             linear += m.weight.numel() * m.weight.element_size()
             counted.add(id(m.weight))
+    for _, block in sparse_moe_blocks(model):  # Hugging Face's fused experts, before quantize_model converts them
+        for w in (block.experts.gate_up_proj, block.experts.down_proj):
+            if id(w) not in counted:
+                linear += w.numel() * w.element_size()
+                counted.add(id(w))
     other = sum(t.numel() * t.element_size() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values() if id(t) not in counted)
     return linear, other
 

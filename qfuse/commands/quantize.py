@@ -14,6 +14,7 @@ import torch
 from ..calibration import recipe_name
 from ..checkpoint import save_quantized
 from ..models.cast import cast_float_model
+from ..moe import QuantExperts
 from ..quantize_model import quantize_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES, get_scheme
 from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes, linear_weight_bytes, load_builtin, scheme_arg, size_arg
@@ -107,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if data is not None:
         print(f"calibrated ({recipe_name(steps)}) and quantized in {time.perf_counter() - t0:.1f} s")
     after, _ = linear_weight_bytes(model)
+    experts = any(isinstance(m, QuantExperts) for m in model.modules())
     print(
-        f"linear weights: {human_bytes(before)} {str(dtype).removeprefix('torch.')} -> {human_bytes(after)} {scheme.name} "
+        f"{'linear and expert' if experts else 'linear'} weights: {human_bytes(before)} {str(dtype).removeprefix('torch.')} -> {human_bytes(after)} {scheme.name} "
         f"({before / max(after, 1):.2f}x smaller); other tensors {human_bytes(other)}"
     )
     save_quantized(model, args.out, max_shard_size=args.max_shard_size)
