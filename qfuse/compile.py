@@ -67,9 +67,11 @@ def compile(model, *, passes: bool = True, pass_config=None, **torch_compile_kwa
     (see the module docstring and :func:`compile_config`).
     """
     compiled = torch.compile(model, **_compile_kwargs(passes, pass_config, torch_compile_kwargs))
-    if isinstance(model, torch.nn.Module) and callable(getattr(model, "generate", None)):
-        config = compile_config(passes=passes, pass_config=pass_config, **torch_compile_kwargs)
-        compiled.generate = _generate_compiled(model.generate, config)
+    if isinstance(model, torch.nn.Module) and callable(getattr(model, "generate", None)) and not torch_compile_kwargs.get("disable"):
+        steps = {k: v for k, v in torch_compile_kwargs.items() if k != "disable"}
+        config = compile_config(passes=passes, pass_config=pass_config, **steps)
+        # on the wrapper itself: OptimizedModule.__setattr__ would set it on the model passed in
+        object.__setattr__(compiled, "generate", _generate_compiled(model.generate, config))
     return compiled
 
 
@@ -99,7 +101,8 @@ def compile_config(*, passes: bool = True, pass_config=None, fullgraph: bool = T
 
 
 def _generate_compiled(generate, config):
-    """``generate`` with a static cache and ``config`` unless the call names its own."""
+    """``generate`` with a static cache and ``config`` unless the call names its own (as an argument
+    or in its ``generation_config``)."""
 
     @functools.wraps(generate)
     def generate_with_compiled_steps(*args, **kwargs):
@@ -107,7 +110,8 @@ def _generate_compiled(generate, config):
         if kwargs.get("cache_implementation") is None and getattr(generation_config, "cache_implementation", None) is None:
             if kwargs.get("past_key_values") is None:
                 kwargs["cache_implementation"] = "static"
-        kwargs.setdefault("compile_config", config)
+        if getattr(generation_config, "compile_config", None) is None:
+            kwargs.setdefault("compile_config", config)
         return generate(*args, **kwargs)
 
     return generate_with_compiled_steps

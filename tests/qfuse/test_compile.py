@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from transformers import CompileConfig, GenerationConfig
 
 import qfuse
 from qfuse.passes import counters, reset_counters
@@ -60,6 +61,17 @@ def test_compiled_models_generate_uses_a_static_cache_and_the_compile_config():
     compiled.generate(ids, past_key_values="a cache")  # a cache passed in: no cache_implementation added
     assert "cache_implementation" not in model.calls[-1]
     assert not hasattr(qfuse.compile(torch.nn.Linear(4, 4)), "generate")
+    generation_config = GenerationConfig(compile_config=CompileConfig(backend="eager"))  # named in the generation config: stands too
+    compiled.generate(ids, generation_config=generation_config)
+    assert "compile_config" not in model.calls[-1]
+    # the model passed in keeps its own generate, and an A/B compile does not change the first one's
+    assert "generate" not in vars(model) and model.generate.__func__ is _Recorder.generate
+    qfuse.compile(model, passes=False).generate(ids)
+    assert model.calls[-1]["compile_config"].options is None
+    compiled.generate(ids)
+    assert isinstance(model.calls[-1]["compile_config"].options["post_grad_custom_post_pass"], QfusePostGradPass)
+    disabled = qfuse.compile(model, disable=True)  # as torch.compile(disable=True): nothing compiled, generate included
+    assert disabled.generate.__func__ is _Recorder.generate
 
 
 NEAR_TIE = 1.0  # eight bf16 steps at |logit| 16-32
