@@ -80,7 +80,7 @@ class _MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class _DecoderLayer(nn.Module):
+class TinyLlamaDecoderLayer(nn.Module):
     def __init__(self, c: TinyLlamaConfig):
         super().__init__()
         self.input_layernorm = _LlamaRMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -100,7 +100,7 @@ class TinyLlama(nn.Module):
         super().__init__()
         self.config = c = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(_DecoderLayer(c) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(TinyLlamaDecoderLayer(c) for _ in range(c.num_layers))
         self.norm = _LlamaRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         d = c.hidden_size // c.num_heads

@@ -32,7 +32,7 @@ from .awq import AWQ, apply_clip, search_clip, search_scales
 from .fake_quant import fake_quant_linear
 from .gptq import GPTQ, Hessian, gptq_quantize
 from .grid import QuantizedWeight, WeightGrid
-from .smoothquant import SmoothQuant, smoothquant_scales
+from .smoothquant import SmoothQuant, check_foldable, smoothquant_scales
 from .static_scales import search_static_scale
 
 
@@ -177,6 +177,11 @@ def _fold(layer: nn.Module, prev: str, s: Tensor, work: dict[str, Tensor]) -> No
             bias.copy_(bias.float() / s)
         return
     mod = layer.get_submodule(prev)
+    if isinstance(mod, nn.Linear):  # a Linear left float (ignore=): its output rows
+        mod.weight.copy_(mod.weight.float() / s.unsqueeze(1))
+        if mod.bias is not None:
+            mod.bias.copy_(mod.bias.float() / s)
+        return
     for name in ("weight", "bias"):
         t = getattr(mod, name, None)
         if isinstance(t, Tensor):
@@ -215,19 +220,18 @@ class LayerCalibrator:
         model_dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         compute = torch.float32 if device.type == "cpu" else model_dtype
         batches = _batches(data, device)
+        if self.sq is not None or self.awq is not None:
+            check_foldable(layers, " + ".join(type(r).__name__ for r in (self.sq, self.awq) if r))
         inputs = _cast_floats(_capture_inputs(model, layers[0], batches), compute)
         done: dict[str, CalibratedLinear] = {}
         desc = "qfuse calibrate (" + "+".join(type(r).__name__ for r in (self.sq, self.awq, self.gptq) if r) + ")"
         for i, layer in enumerate(tqdm(layers, desc=desc.replace("()", "(rtn)"), unit="layer", disable=not progress)):
             names = {n for n, m in layer.named_modules() if isinstance(m, nn.Linear) and f"{prefix}.{i}.{n}" in self.schemes}
-            if not names:
-                inputs = [_with_hidden(a, k, h) for (a, k), h in zip(inputs, _run_layer(layer, inputs))]
-                continue
-            layer.to(compute)
-            results = self._calibrate_layer(layer, f"{prefix}.{i}.", names, inputs, model_dtype)
-            done.update(results)
+            layer.to(compute)  # the inputs are in the compute dtype, quantized or not (an ignored layer)
+            if names:
+                done.update(self._calibrate_layer(layer, f"{prefix}.{i}.", names, inputs, model_dtype))
             inputs = [_with_hidden(a, k, h) for (a, k), h in zip(inputs, _run_layer(layer, inputs))]
-            for p in layer.parameters():  # what stays float (the norms) returns to the model's dtype
+            for p in layer.parameters():  # what stays float (the norms, an ignored layer) returns to the model's dtype
                 p.data = p.data.to(model_dtype)
             for b in layer.buffers():
                 if b.is_floating_point():

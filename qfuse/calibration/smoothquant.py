@@ -45,6 +45,25 @@ def smoothquant_scales(act_absmax: Tensor, weights: list[Tensor], alpha: float) 
     return (act_absmax.to(w_max.device).float().pow(alpha) / w_max.clamp(min=_MIN).pow(1 - alpha)).clamp(min=_MIN)
 
 
+# Decoder layers whose norm -> Linear scale folds leave the float model as it was: pre-norm,
+# attention then MLP in sequence, each RMSNorm computing x * w and feeding the named Linears
+# (qfuse's built-in TinyLlama is one too). Others that share the names are not: Gemma's norm is
+# x * (1 + w), Gemma2 / Olmo2's post_attention_layernorm normalizes the attention's output, and
+# Phi / Cohere feed attention and MLP from one input_layernorm in parallel.
+FOLDABLE_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "TinyLlamaDecoderLayer")
+
+
+def check_foldable(layers: Iterable[nn.Module], what: str) -> None:
+    """A ValueError naming the first decoder layer class whose norms SmoothQuant / AWQ cannot fold into."""
+    for layer in layers:
+        if type(layer).__name__ not in FOLDABLE_LAYERS:
+            raise ValueError(
+                f"{what} folds scales into the norms of Llama / Mistral / Qwen2 / Qwen3 decoder layers "
+                f"({', '.join(FOLDABLE_LAYERS[:4])}); {type(layer).__name__} is not one of them (its norms or their "
+                "placement differ, so folding would change the float model). Calibrate with 'gptq' or round to nearest."
+            )
+
+
 @dataclass
 class SmoothMapping:
     """One norm and the Linears it feeds (names relative to the model)."""
@@ -101,12 +120,18 @@ def smooth_model(
     """Apply SmoothQuant to the float ``model`` in place (call it before ``quantize_model``
     with an int8-activation scheme) and return the scales ``s`` by norm name.
 
-    ``batches``: token-id tensors the model is called with (calibration text, disjoint from
-    what is evaluated). ``mappings`` default to :func:`smoothquant_mappings`.
+    ``batches``: token ids the model is called with (calibration text, disjoint from what is
+    evaluated), as ``quantize_model``'s ``calibration_data``: a ``[B, T]`` tensor or a list of
+    ``[B, T]`` / ``[T]`` ones. ``mappings`` default to :func:`smoothquant_mappings`.
     """
+    from .pipeline import _batches, decoder_layers
+
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    mappings = smoothquant_mappings(model) if mappings is None else mappings
+    batches = _batches(batches, next(model.parameters()).device)
+    if mappings is None:
+        check_foldable(decoder_layers(model)[1], "smooth_model")
+        mappings = smoothquant_mappings(model)
     if not mappings:
         raise ValueError("smooth_model: no norm -> Linear mappings found (a Llama / Qwen2 / Mistral decoder is expected)")
     first = {m.norm: m.linears[0] for m in mappings}

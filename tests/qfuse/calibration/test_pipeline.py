@@ -313,3 +313,54 @@ def test_calibrates_the_built_in_tiny_llama(scheme, calibration):
     assert any(isinstance(m, qfuse.QuantLinear) for m in model.modules())
     with torch.inference_mode():
         assert rel_err(model(ids).float(), base(ids).float()) < 0.1
+
+
+def _tiny(config_name: str, model_name: str, **extra):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = getattr(tf, config_name)(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128, **extra
+    )
+    return getattr(tf, model_name)(cfg).to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize(("config_name", "model_name"), [("GemmaConfig", "GemmaForCausalLM"), ("PhiConfig", "PhiForCausalLM")])
+def test_scale_folds_refuse_decoders_whose_norms_they_would_change(config_name, model_name):
+    """Gemma's norm computes x * (1 + w), Phi feeds attention and MLP from one norm: SmoothQuant and
+    AWQ (which fold scales into those norms) are refused by layer class before anything changes,
+    GPTQ (no fold) calibrates them."""
+    model = _tiny(config_name, model_name, num_key_value_heads=4, head_dim=16)
+    for recipe, scheme in (("sq", "W8A8"), ("awq", "W4A16")):
+        with pytest.raises(ValueError, match=f"{'SmoothQuant' if recipe == 'sq' else 'AWQ'} folds scales .* is not one of them"):
+            qfuse.quantize_model(model, scheme, progress=False, calibration=recipe, calibration_data=DATA[:1])
+        assert _all_float(model)
+    with pytest.raises(ValueError, match="smooth_model folds scales"):
+        qfuse.calibration.smooth_model(model, DATA[:1], progress=False)
+    qfuse.quantize_model(model, "W8A8", progress=False, calibration="gptq", calibration_data=DATA[:1])
+    assert not _all_float(model)
+
+
+def test_awq_folds_into_an_ignored_previous_linear_by_its_rows():
+    """AWQ's v_proj -> o_proj and up_proj -> down_proj scales go into the previous Linear's output rows,
+    also when ignore keeps that Linear float (multi-head attention, so v_proj feeds o_proj whole)."""
+    base = _tiny("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=4)
+    for ignore, prev in ((["v_proj"], "self_attn.v_proj"), (["up_proj"], "mlp.up_proj")):
+        model = copy.deepcopy(base)
+        qfuse.quantize_model(model, "W8A16", ignore=ignore, progress=False, calibration="awq", calibration_data=DATA[:1])
+        for layer, before in zip(model.model.layers, base.model.layers, strict=True):
+            kept, original = layer.get_submodule(prev), before.get_submodule(prev)
+            assert type(kept) is nn.Linear
+            ratio = original.weight.float() / kept.weight.float()  # s[n] on every column of row n (bf16 roundings)
+            torch.testing.assert_close(ratio, ratio[:, :1].expand_as(ratio), rtol=2e-2, atol=0)
+            assert not torch.allclose(ratio, torch.ones_like(ratio), rtol=1e-2)  # a scale was folded
+
+
+def test_calibration_runs_past_an_ignored_decoder_layer():
+    """A whole decoder layer ignored (its Linears float, bf16 weights) takes the calibration's float32
+    inputs on the CPU like the others, and stays as it was."""
+    base = _base("llama")
+    model = qfuse.quantize_model(copy.deepcopy(base), "W8A16", ignore=["model.layers.0.*"], progress=False, calibration="gptq", calibration_data=DATA)
+    first, second = model.model.layers
+    assert all(type(m) is not qfuse.QuantLinear for m in first.modules()) and isinstance(second.mlp.down_proj, qfuse.QuantLinear)
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, q) for p, q in zip(first.parameters(), base.model.layers[0].parameters(), strict=True))

@@ -78,8 +78,21 @@ def test_bad_arguments():
     model = tiny_hf_model("llama", layers=1)
     with pytest.raises(ValueError, match=r"alpha must lie in \[0, 1\]"):
         smooth_model(model, [ids(0)], alpha=1.5)
+    with pytest.raises(ValueError, match="no `layers` nn.ModuleList"):
+        smooth_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), [torch.zeros(1, 4, dtype=torch.long)])
     with pytest.raises(ValueError, match="no norm -> Linear mappings"):
-        smooth_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), [torch.zeros(1, 4)])
+        smooth_model(model, [ids(0)], mappings=[])
+    with pytest.raises(ValueError, match="integer token ids"):
+        smooth_model(model, [torch.zeros(1, 4)])
+
+
+def test_a_batch_tensor_is_one_batch():
+    """``[B, T]`` ids, as quantize_model's calibration_data takes them (calibration_batches' output): one
+    batch, the same scales as the list holding it (it was iterated row by row into 1-D inputs)."""
+    batch = ids(3)
+    as_tensor = smooth_model(tiny_hf_model("llama", layers=1), batch, progress=False)
+    as_list = smooth_model(tiny_hf_model("llama", layers=1), [batch], progress=False)
+    assert as_tensor.keys() == as_list.keys() and all(torch.equal(as_tensor[k], as_list[k]) for k in as_list)
 
 
 def test_smoothed_model_saves_and_reloads(tmp_path):
