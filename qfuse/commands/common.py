@@ -35,6 +35,22 @@ def scheme_arg(name: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+DEFAULT_CALIBRATION_SAMPLES = 128  # windows of calibration_text (quantize: 512 tokens each; eval: --window)
+
+
+def calibrates(scheme: str, calibration: str | None) -> bool:
+    """Whether quantizing with ``scheme`` and the ``--calibration`` recipe reads calibration data (a
+    recipe that does not parse counts: its own error comes where it is parsed)."""
+    from ..calibration import parse_recipe
+    from ..schemes import get_scheme
+
+    try:
+        steps = parse_recipe(calibration)
+    except (ValueError, TypeError):
+        return True
+    return bool(steps) or get_scheme(scheme).static_act
+
+
 def positive_int(text: str) -> int:
     """argparse ``type=``: an integer >= 1."""
     try:

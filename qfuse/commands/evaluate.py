@@ -14,10 +14,21 @@ from pathlib import Path
 
 import torch
 
+from ..calibration.recipe import parse_recipe
 from ..eval.perplexity import default_text, perplexity, windows_of
 from ..models.cast import cast_float_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES
-from .common import BUILTIN_MODELS, builtin_model, device_arg, load_any, load_builtin, positive_int, scheme_arg
+from .common import (
+    BUILTIN_MODELS,
+    DEFAULT_CALIBRATION_SAMPLES,
+    builtin_model,
+    calibrates,
+    device_arg,
+    load_any,
+    load_builtin,
+    positive_int,
+    scheme_arg,
+)
 
 
 def add_parser(sub) -> None:
@@ -42,8 +53,8 @@ def add_parser(sub) -> None:
     q.add_argument("--calibration", default=None, help="recipe: rtn, sq, awq, gptq or steps joined by '+' (e.g. sq+gptq, awq+gptq)")
     q.add_argument(
         "--calibration-samples",
-        type=int,
-        default=128,
+        type=positive_int,
+        default=None,
         help="calibration windows of --window tokens from qfuse.calibration.calibration_text (default 128)",
     )
     q.add_argument(
@@ -76,8 +87,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SystemExit("qfuse eval: --table runs every scheme; use --schemes to choose some, not --scheme")
     if (args.calibration or args.fake_quant or args.lm_head) and not args.scheme:
         raise SystemExit("qfuse eval: --calibration, --fake-quant and --lm-head quantize a float model: they need --scheme")
-    if args.calibration_samples < 1:
-        raise SystemExit("qfuse eval: --calibration-samples must be >= 1")
+    if args.calibration_samples is not None and not (args.table or (args.scheme and calibrates(args.scheme, args.calibration))):
+        raise SystemExit("qfuse eval: --calibration-samples needs a calibration (--calibration, a static scheme or --table); it would be ignored")
+    args.calibration_samples = args.calibration_samples or DEFAULT_CALIBRATION_SAMPLES
     if args.jobs < 1:
         raise SystemExit("qfuse eval: --jobs must be >= 1")
     table_only = [
@@ -85,6 +97,11 @@ def _check_args(args: argparse.Namespace) -> None:
     ]
     if table_only and not args.table:
         raise SystemExit(f"qfuse eval: {', '.join(table_only)} belong to --table (they would be ignored)")
+    for recipe in args.recipes or ():
+        try:
+            parse_recipe(recipe)
+        except (ValueError, TypeError) as e:
+            raise SystemExit(f"qfuse eval: --recipes: {e}") from None
     if args.text is not None and not args.text.is_file():
         raise SystemExit(f"qfuse eval: --text {args.text} is not a file")
 
@@ -166,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     result = perplexity(model, windows, args.batch)
     secs = time.perf_counter() - t0
-    what = f"{args.model}" + (f" {args.scheme} {args.calibration or 'rtn'}{' fake-quant' if args.fake_quant else ''}" if args.scheme else "")
+    head = f" (lm_head {args.lm_head})" if args.lm_head else ""
+    what = f"{args.model}" + (f" {args.scheme}{head} {args.calibration or 'rtn'}{' fake-quant' if args.fake_quant else ''}" if args.scheme else "")
     print(f"{what}: perplexity {result.ppl:.4f} on {source} ({result.windows} windows of {args.window}, {result.tokens} scored tokens, {secs:.1f} s)")
     return 0
 

@@ -17,7 +17,19 @@ from ..models.cast import cast_float_model
 from ..moe import QuantExperts
 from ..quantize_model import quantize_model
 from ..schemes import CALIBRATED_SCHEMES, SCHEMES, get_scheme
-from .common import BUILTIN_MODELS, TOKENIZER_FILES, builtin_model, human_bytes, linear_weight_bytes, load_builtin, scheme_arg, size_arg
+from .common import (
+    BUILTIN_MODELS,
+    DEFAULT_CALIBRATION_SAMPLES,
+    TOKENIZER_FILES,
+    builtin_model,
+    calibrates,
+    human_bytes,
+    linear_weight_bytes,
+    load_builtin,
+    positive_int,
+    scheme_arg,
+    size_arg,
+)
 
 
 def add_parser(sub) -> None:
@@ -41,7 +53,10 @@ def add_parser(sub) -> None:
     p.add_argument("--max-shard-size", default="5GB", type=size_arg, help="largest safetensors shard (default 5GB)")
     p.add_argument("--calibration", default=None, help="recipe: rtn (default), sq, awq, gptq or steps joined by '+' (sq+gptq, awq+gptq)")
     p.add_argument(
-        "--calibration-samples", type=int, default=128, help="calibration windows of 512 tokens from qfuse.calibration.calibration_text (default 128)"
+        "--calibration-samples",
+        type=positive_int,
+        default=None,
+        help="calibration windows of 512 tokens from qfuse.calibration.calibration_text (default 128)",
     )
     p.set_defaults(run=run)
 
@@ -58,8 +73,6 @@ def _calibration(args: argparse.Namespace, scheme, tokenizer):
         raise SystemExit(f"qfuse quantize: {e}") from None
     if not steps and not scheme.static_act:
         return steps, None
-    if args.calibration_samples < 1:
-        raise SystemExit("qfuse quantize: --calibration-samples must be >= 1")
     if tokenizer is None:
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(args.model, local_files_only=True)
@@ -77,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     scheme = get_scheme(args.scheme)
+    if args.calibration_samples is not None and not calibrates(scheme.name, args.calibration):
+        raise SystemExit("qfuse quantize: --calibration-samples needs a calibration (--calibration or a static scheme); it would be ignored")
+    args.calibration_samples = args.calibration_samples or DEFAULT_CALIBRATION_SAMPLES
     builtin = builtin_model(args.model)
     if not builtin:
         if not (args.model / "config.json").is_file():

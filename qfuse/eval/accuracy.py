@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..calibration.recipe import parse_recipe, recipe_name
+from ..calibration.recipe import check_recipe, parse_recipe, recipe_name
 from ..quantize_model import quantize_with_simulation
 from ..schemes import get_scheme
 from .perplexity import perplexity
@@ -30,14 +30,27 @@ TABLE_SCHEMES = ("W8A16", "W8A8", "W8A8_STATIC", "W4A16", "W4A16_ASYM", "W4A8", 
 
 
 def table_cells(schemes=TABLE_SCHEMES, recipes=None) -> list[tuple[str, str]]:
-    """(scheme, recipe) pairs: every recipe that applies to each scheme, or those of ``recipes``."""
+    """(scheme, recipe) pairs: the table's recipes that apply to each scheme, or, with ``recipes``
+    (any recipe names: ``"gptq-mse"``, ``"GPTQ+awq"`` read as ``"awq+gptq"``; a ValueError for an
+    unknown step), those of them that apply to it (SmoothQuant: int8 activations only)."""
+    wanted = None if recipes is None else list(dict.fromkeys(recipe_name(parse_recipe(r)) for r in recipes))
     cells = []
     for s in schemes:
-        applicable = WEIGHT_ONLY_RECIPES if get_scheme(s).weight_only else INT8_ACT_RECIPES
-        for r in applicable:
-            if recipes is None or r in recipes:
-                cells.append((get_scheme(s).name, r))
+        scheme = get_scheme(s)
+        if wanted is None:
+            names = WEIGHT_ONLY_RECIPES if scheme.weight_only else INT8_ACT_RECIPES
+        else:
+            names = [r for r in wanted if _applies(r, scheme)]
+        cells += [(scheme.name, r) for r in names]
     return cells
+
+
+def _applies(recipe: str, scheme) -> bool:
+    try:
+        check_recipe(parse_recipe(recipe), scheme)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass

@@ -97,6 +97,11 @@ def test_errors_are_one_line(tmp_path, float_model_dir, capsys):
         (["eval", "{model}", "--ppl", "--table", "--out", "{out}", "--schemes", "W3A3"], "argument --schemes: unknown"),
         (["demo", "--schemes", "W8A8_STATIC"], "W8A8_STATIC needs calibration data"),
         (["bench", "report", "{out}/none.csv"], "no such file or folder"),
+        (
+            ["quantize", "{model}", "--scheme", "W8A8", "--calibration", "sq", "--calibration-samples", "-3", "--out", "{out}"],
+            "must be an integer >= 1",
+        ),
+        (["eval", "{model}", "--ppl", "--scheme", "W8A8", "--calibration", "sq", "--calibration-samples", "0"], "must be an integer >= 1"),
     ],
 )
 def test_bad_arguments_are_usage_errors_before_any_work(argv, message, float_model_dir, tmp_path, capsys):
@@ -116,6 +121,10 @@ def test_bad_arguments_are_usage_errors_before_any_work(argv, message, float_mod
         (["eval", "{model}", "--ppl", "--out", "{out}"], "--out belong to --table"),
         (["eval", "{model}", "--ppl", "--text", "{out}/none.txt"], "is not a file"),
         (["quantize", "{model}", "--scheme", "W4A16", "--out", "{model}/config.json"], "is a file, not a directory"),
+        (["quantize", "{model}", "--scheme", "W8A16", "--calibration-samples", "5", "--out", "{out}"], "--calibration-samples needs a calibration"),
+        (["eval", "{model}", "--ppl", "--calibration-samples", "5"], "--calibration-samples needs a calibration"),
+        (["eval", "{model}", "--ppl", "--scheme", "W8A16", "--calibration", "rtn", "--calibration-samples", "5"], "it would be ignored"),
+        (["eval", "{model}", "--ppl", "--table", "--out", "{out}", "--recipes", "gptq", "bogus"], "--recipes: unknown calibration step 'bogus'"),
     ],
 )
 def test_conflicting_or_missing_paths_stop_before_loading(argv, message, float_model_dir, tmp_path):
