@@ -154,6 +154,15 @@ def _capture_into(graph: torch.cuda.CUDAGraph, pool, side: torch.cuda.Stream, st
     return out
 
 
+def static_input(t: Tensor) -> Tensor:
+    """A graph's own buffer for input ``t``: ``t``'s strides, or contiguous where elements of ``t``
+    overlap (an ``expand``ed input: a copy into its strides would write one element several times,
+    which torch refuses; the failed capture turned every eager graph off)."""
+    if torch._debug_has_internal_overlap(t) == 1:  # MemOverlap::Yes, what copy_ refuses to write into
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
 class _Graph:
     __slots__ = ("graph", "inputs", "output")
 
@@ -235,7 +244,7 @@ class EagerGraphs:
             pool = _pools.get((index, stream_id))
             if pool is None:
                 pool = _pools[(index, stream_id)] = _pool_with_keeper(device, side, stream)
-        static = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in inputs)
+        static = tuple(static_input(t) for t in inputs)
         for dst, src in zip(static, inputs):
             dst.copy_(src)
         graph = torch.cuda.CUDAGraph()

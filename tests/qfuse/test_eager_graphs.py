@@ -107,6 +107,17 @@ def test_a_capture_that_fails_warns_and_turns_the_replays_off(monkeypatch):
     assert not eager_graphs.enabled()  # a failed capture may leave the allocator's capture state behind
 
 
+def test_static_inputs_take_an_expanded_input():
+    """A graph's input buffer has the input's strides unless its elements overlap (``expand``): the
+    copy into it is then refused by torch, which made the capture fail and turned every graph off."""
+    expanded = torch.randn(1, 8).expand(4, 8)
+    buffer = eager_graphs.static_input(expanded)
+    assert buffer.is_contiguous() and torch.equal(buffer.copy_(expanded), expanded)
+    sliced = torch.randn(4, 16)[:, ::2]
+    buffer = eager_graphs.static_input(sliced)
+    assert buffer.stride() == sliced.stride() and torch.equal(buffer.copy_(sliced), sliced)
+
+
 def test_mlp_blocks_get_a_graphed_forward_that_copies_and_pickles_with_them():
     from tests.hf_models import tiny_hf_model
 

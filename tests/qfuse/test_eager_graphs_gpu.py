@@ -46,6 +46,19 @@ def test_in_place_weight_updates_are_read_and_a_moved_module_captures_again():
         assert len(graphs_of(q)) == 1 and torch.equal(q(x), q._forward(x))
 
 
+def test_an_expanded_input_replays_and_keeps_the_graphs_on():
+    """An ``expand``ed input (one row broadcast): its graph takes a contiguous copy; the capture
+    failed before, turning every module's graphs off for the process."""
+    from qfuse import eager_graphs
+
+    q = _linear(256, 512, "W4A16")
+    x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16).expand(4, 512)
+    with torch.inference_mode():
+        outs = [q(x) for _ in range(3)]
+    assert eager_graphs.enabled() and len(graphs_of(q)) == 1
+    assert all(torch.equal(o, q._forward(x.contiguous())) for o in outs)
+
+
 def test_grad_mode_and_inference_mode_each_get_their_graph():
     q = _linear(256, 512, "W8A8")
     x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
