@@ -347,7 +347,12 @@ def router_logits_recorded() -> bool:
     logits are the ``F.linear`` the block computes otherwise."""
     capturing = sys.modules.get("transformers.utils.output_capturing")
     collector = getattr(capturing, "_active_collector", None)
-    collected = collector.get() if collector is not None else None
+    if collector is None:
+        return False
+    if torch.compiler.is_compiling():  # Dynamo cannot trace ContextVar.get: transformers keeps a plain global while compiling
+        collected = getattr(collector, "global_var", None) if getattr(collector, "compiling", False) else None
+    else:
+        collected = collector.get()
     return collected is not None and "router_logits" in collected
 
 

@@ -169,6 +169,21 @@ def test_output_router_logits_are_recorded(arch):
     torch.testing.assert_close(plain.logits, out.logits, rtol=0, atol=0)
 
 
+def test_output_router_logits_under_compile():
+    """The same through qfuse.compile(fullgraph=True): transformers' recorder is a plain global while
+    Dynamo traces (it cannot trace a ContextVar), and the graph records one tensor per layer."""
+    model = tiny_moe_model("mixtral", layers=2)
+    model.config.output_router_logits = True
+    ids = torch.randint(0, 64, (2, 6))
+    qfuse.quantize_model(model, "W8A16", progress=False)
+    torch._dynamo.reset()
+    compiled = qfuse.compile(model, fullgraph=True)
+    with torch.no_grad():
+        eager, out = model(ids), compiled(ids)
+    assert len(out.router_logits) == 2 and torch.isfinite(out.aux_loss)
+    assert abs(out.aux_loss - eager.aux_loss) < 1e-2 * eager.aux_loss
+
+
 def test_refusals():
     block = _block(tiny_moe_model("mixtral", hidden=64, intermediate=32))
     with pytest.raises(TypeError, match="qfuse runs fp16/bf16 models"):
