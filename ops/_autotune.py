@@ -31,9 +31,15 @@ import logging
 import math
 import os
 import statistics
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+try:  # POSIX: the cache file's writers take turns (merge_into_json)
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 import torch
 
@@ -45,6 +51,7 @@ _lock = threading.Lock()
 _memory: dict[str, dict] = {}
 _loaded_files: set[str] = set()
 _untuned: dict[tuple, dict] = {}  # (entry key, experimental_kernels()) -> the pick made without a measurement
+_checked: dict[str, dict] = {}  # entry key -> its stored pick, found usable (pick_config's usable) in this process
 
 
 def m_bucket(m: int) -> int:
@@ -116,15 +123,25 @@ def _key_str(op: str, key: tuple) -> str:
     return op + "|" + "|".join(str(k) for k in key)
 
 
+def read_json_object(path: Path) -> dict | None:
+    """The JSON object stored in ``path``: ``{}`` for a missing file, None for one that cannot be
+    read, is not UTF-8 JSON or holds no object (a corrupt cache only costs a re-measurement)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _load(path: Path) -> None:
     if str(path) in _loaded_files:
         return
     _loaded_files.add(str(path))
-    if path.is_file():
-        try:
-            _memory.update({k: v for k, v in json.loads(path.read_text()).items() if k not in _memory})
-        except (OSError, json.JSONDecodeError):
-            pass  # a corrupt cache only costs a re-measurement
+    data = read_json_object(path)
+    if data:
+        _memory.update({k: v for k, v in data.items() if k not in _memory})
 
 
 def load_stored(op: str, gpu: str) -> None:
@@ -135,14 +152,29 @@ def load_stored(op: str, gpu: str) -> None:
 
 
 def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
-    """Set ``entry_key`` to ``config`` in the JSON file ``path`` (created if missing), written
-    through a temporary file and a rename, so a reader never sees half a file."""
+    """Set ``entry_key`` to ``config`` in the JSON file ``path`` (created if missing; a symlink's
+    target), under an exclusive lock on ``<path>.lock`` so that processes writing at once (the
+    benchmarks' parallel compiles) each add their entries, and written through a temporary file
+    of its own and a rename, so a reader never sees half a file. A file that is not a JSON object
+    (truncated, foreign) is replaced, with a warning: it had no usable entry."""
+    path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data[entry_key] = config
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")  # a text file, as the shipped tables in ops/tuned/
-    tmp.replace(path)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        data = read_json_object(path)
+        if data is None:
+            _log.warning("%s is not a JSON object of configs; writing a new one", path)
+            data = {}
+        data[entry_key] = config
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")  # a text file, as the shipped tables in ops/tuned/
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
 
 # M buckets up to here are decode sizes, whose grids are set by the N tiles and the splits (the M
@@ -211,10 +243,7 @@ def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
     neither holds it. Reads the files (not the in-process cache); measures nothing."""
     entry_key = _key_str(op, (gpu, *key))
     for path, where in ((cache_path(), "the user cache"), (_TUNED_DIR / f"{op}.{gpu}.json", "the shipped table")):
-        try:
-            data = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, json.JSONDecodeError):
-            continue
+        data = read_json_object(path) or {}
         if entry_key in data:
             shown = f"ops/tuned/{path.name}" if path.parent == _TUNED_DIR else str(path)
             return data[entry_key], f"{where} ({shown})"
@@ -224,8 +253,8 @@ def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
 def _save(entry_key: str, config: dict) -> None:
     try:
         merge_into_json(cache_path(), entry_key, config)
-    except (OSError, json.JSONDecodeError):
-        pass  # a cache that cannot be written only costs a re-measurement next time
+    except OSError as e:  # a cache that cannot be written only costs a re-measurement next time
+        _log.info("autotune cache %s not written: %s", cache_path(), e)
 
 
 def capturing() -> bool:
@@ -241,7 +270,21 @@ def experimental_kernels() -> bool:
     ``QFUSE_EXPERIMENTAL_KERNELS=1``. Without it they are never autotuned into use, so an
     unverified kernel cannot be chosen silently for a shape with no shipped config.
     Benchmarks and GPU tests call the families directly, whatever this says."""
-    return os.environ.get("QFUSE_EXPERIMENTAL_KERNELS", "0") == "1"
+    return env_flag("QFUSE_EXPERIMENTAL_KERNELS", False)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on / off environment variable: 1 / true / yes / on or 0 / false / no / off (any case,
+    spaces around ignored); unset or empty: ``default``; anything else is a ValueError."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ValueError(f"{name}={os.environ[name]!r}: expected one of {', '.join(_TRUE)} or {', '.join(_FALSE)}")
 
 
 def offered(candidates: list[dict], is_experimental: Callable[[dict], bool]) -> list[dict]:
@@ -280,22 +323,38 @@ def graph_time_ms(calls: Sequence[Callable[[], object]], replays: int = 5, warmu
     return statistics.median(times)
 
 
-def pick_config(op: str, key: tuple, candidates: list[dict] | Callable[[], list[dict]], run: Callable[[dict], object], device: torch.device) -> dict:
+def pick_config(
+    op: str,
+    key: tuple,
+    candidates: list[dict] | Callable[[], list[dict]],
+    run: Callable[[dict], object],
+    device: torch.device,
+    usable: Callable[[dict], bool] | None = None,
+) -> dict:
     """Return the config to use for ``(op, key)`` on ``device``; ``run(cfg)`` launches the kernel once.
 
     ``candidates`` may be a function returning the list: it is then called only when no cached or
     shipped config exists. Building a launcher's list costs 15-70 us of Python (60 dicts for a
-    W4A16 decode key), which a cached call then no longer pays.
+    W4A16 decode key), which a cached call then no longer pays. ``usable(cfg)``: whether a stored
+    pick may run here (a kernel family this version has; an opt-in config only with
+    ``QFUSE_EXPERIMENTAL_KERNELS=1``), checked once per key and process; one that may not is
+    chosen again, with a warning.
     """
     gpu = device_name(device)
     entry_key = _key_str(op, (gpu, *key))
+    hit = _checked.get(entry_key)
+    if hit is not None:
+        return hit
     with _lock:
         if entry_key not in _memory:
             load_stored(op, gpu)
         hit = _memory.get(entry_key)
     if hit is not None:
-        return hit
-    untuned = capturing() or os.environ.get("QFUSE_AUTOTUNE", "1") == "0" or device.type != "cuda"
+        if usable is None or usable(hit):
+            _checked[entry_key] = hit
+            return hit
+        _log.warning("%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); choosing again", entry_key, hit)
+    untuned = capturing() or not env_flag("QFUSE_AUTOTUNE", True) or device.type != "cuda"
     memo = (entry_key, experimental_kernels())
     if untuned and memo in _untuned:  # before the candidate list: building it costs 15-70 us per call
         return _untuned[memo]

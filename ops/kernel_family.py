@@ -117,6 +117,12 @@ class Registry:
     def is_opt_in(self, cfg: dict) -> bool:
         return bool(self.family(cfg["kernel"]).opt_in_reason(cfg))
 
+    def usable(self, cfg) -> bool:
+        """Whether a stored pick (a cache file's, a shipped table's) may run: a config of a family this
+        version has, opt-in ones only with ``QFUSE_EXPERIMENTAL_KERNELS=1``."""
+        fam = self._by_name.get(cfg.get("kernel")) if isinstance(cfg, dict) else None
+        return fam is not None and (experimental_kernels() or not fam.opt_in_reason(cfg))
+
     def offered(self, problem: Problem, exhaustive: bool = False) -> list[dict]:
         """The candidates the op may pick from: opt-in configs only with ``QFUSE_EXPERIMENTAL_KERNELS=1``."""
         every = self.candidates(problem, exhaustive)

@@ -144,8 +144,8 @@ def _w4a8_gemm_cuda(xq, x_scale, qweight, w_scale, group_scale, bias, group_size
     group_scale values outside [1, 16] are not checked here (that would need a host
     sync); the kernel's int8 product wraps for them, as the docstring's range allows.
     """
-    _, _, k = check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
-    if k == 0:
+    m, n, k = check_w4a8_args(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
+    if m == 0 or n == 0 or k == 0:  # nothing to launch; an empty problem must not reach config selection (a pick measured on it)
         return w4a8_gemm_ref(xq, x_scale, qweight, w_scale, group_scale, bias, group_size, out_dtype)
     from .int8.dispatch import int8_gemm
 

@@ -87,6 +87,10 @@ def normalize(config: dict) -> dict:
     return {"kernel": kind, **cfg}
 
 
+def _usable(config) -> bool:
+    return isinstance(config, dict) and REGISTRY.usable(normalize(config))
+
+
 def run_int8_gemm(xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: bool, config: dict):
     """Run one config (arguments already checked by the op). Returns [M, N]."""
     return REGISTRY.run(normalize(config), xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4)
@@ -122,9 +126,9 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     def run(c):
         return REGISTRY.run(c, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4)
 
-    cfg = normalize(pick_config(op, key, cands, run, xq.device))
+    cfg = normalize(pick_config(op, key, cands, run, xq.device, _usable))
     if uses_tma(cfg) and key[0] <= EAGER_MAX_M and not capturing():
-        cfg = normalize(pick_config(op + "_eager", key, lambda: [c for c in cands() if not uses_tma(c)], run, xq.device))
+        cfg = normalize(pick_config(op + "_eager", key, lambda: [c for c in cands() if not uses_tma(c)], run, xq.device, _usable))
     return run(cfg)
 
 

@@ -143,5 +143,5 @@ def fused_moe_triton(
     )
     key = config_key(m, e, two_i // 2, h, top_k, weight_bits, act_bits, group_size, x.dtype)
     cands = lambda: REGISTRY.offered(problem(m, two_i // 2, h, weight_bits, group_size, x.dtype, act_bits))  # noqa: E731 - built only on a cache miss
-    cfg = pick_config(OP, key, cands, lambda c: REGISTRY.run(c, *args), x.device)
+    cfg = pick_config(OP, key, cands, lambda c: REGISTRY.run(c, *args), x.device, REGISTRY.usable)
     return REGISTRY.run(cfg, *args)

@@ -147,5 +147,5 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     n = qweight.shape[0]
     cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device), tma_capable(x.device), x.dtype)  # noqa: E731 - built only on a cache miss
     cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
-                      lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device)  # fmt: skip
+                      lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device, REGISTRY.usable)  # fmt: skip
     return run_config(accumulate_form(cfg), x, qweight, scales, zeros, bias, bits, group_size)

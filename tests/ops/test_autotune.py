@@ -16,6 +16,7 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(_autotune, "_memory", {})
     monkeypatch.setattr(_autotune, "_loaded_files", set())
     monkeypatch.setattr(_autotune, "_untuned", {})
+    monkeypatch.setattr(_autotune, "_checked", {})
     monkeypatch.setattr(_autotune, "_TUNED_DIR", tmp_path / "tuned")
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "user.json"))
     return tmp_path
@@ -128,3 +129,98 @@ def test_nearest_stored_pick_of_the_same_m_bucket_and_kind(fresh_cache):
     assert _autotune.nearest_stored("op", "G", (1, 1024, 4096, 128), [{"B": 0}, {"B": 3}]) == {"B": 3}  # offered ones only
     assert _autotune.nearest_stored("op", "G", (2, 1024, 4096, 128), offered) is None
     assert _autotune.nearest_stored("op", "G", (1, 64), offered) is None  # keys without (N, K)
+
+
+def _write_keys(path: str, prefix: str, count: int) -> None:
+    for i in range(count):
+        _autotune.merge_into_json(_autotune.Path(path), f"{prefix}{i}", {"BLOCK": i})
+
+
+def test_processes_writing_the_cache_at_once_keep_every_entry(tmp_path):
+    """Writers take turns under a file lock, each through its own temporary file: two processes
+    adding 60 keys each to a file of 20 (the benchmarks compile in parallel processes) leave all 140;
+    without the lock the file ended as invalid JSON, which no later save repaired."""
+    import multiprocessing
+
+    path = tmp_path / "cache.json"
+    path.write_text(json.dumps({f"old{i}": {"BLOCK": i} for i in range(20)}))
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_keys, args=(str(path), p, 60)) for p in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs)
+    data = json.loads(path.read_text())
+    assert len(data) == 140 and data["a59"] == {"BLOCK": 59} and data["old0"] == {"BLOCK": 0}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["cache.json", "cache.json.lock"]  # no temporary file left
+
+
+@pytest.mark.parametrize("content", [b"[]", b"null", b"3", b"\xff\xfe{", b"", b'{"op|G|1|64": {"BLOCK'])
+def test_a_cache_file_that_holds_no_object_is_ignored_then_replaced(fresh_cache, content, caplog):
+    """A foreign, truncated or non-UTF-8 cache costs a re-measurement: lookups ignore it, and the
+    next save writes a new file (with a warning) instead of failing silently in every process."""
+    user = fresh_cache / "user.json"
+    user.write_bytes(content)
+    assert _autotune.pick_config("op", (1, 64), [{"BLOCK": 16}, {"BLOCK": 32}], _never_run, torch.device("cpu")) == {"BLOCK": 16}
+    assert _autotune.lookup("op", (1, 64), "cpu") is None
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        _autotune.merge_into_json(user, "op|cpu|1|64", {"BLOCK": 32})
+    assert json.loads(user.read_text()) == {"op|cpu|1|64": {"BLOCK": 32}} and "not a JSON object" in caplog.text
+
+
+def test_a_symlinked_cache_is_written_through_the_link(tmp_path):
+    shared = tmp_path / "team" / "autotune.json"
+    shared.parent.mkdir()
+    shared.write_text(json.dumps({"a": {"BLOCK": 1}}))
+    link = tmp_path / "autotune.json"
+    link.symlink_to(shared)
+    _autotune.merge_into_json(link, "b", {"BLOCK": 2})
+    assert link.is_symlink() and json.loads(shared.read_text()) == {"a": {"BLOCK": 1}, "b": {"BLOCK": 2}}
+
+
+def test_a_stored_pick_that_cannot_run_here_is_chosen_again(fresh_cache, caplog):
+    """A cached pick of a kernel family this version lacks, or an opt-in config cached while
+    QFUSE_EXPERIMENTAL_KERNELS=1 was set: not run (it failed every call, or ran unverified)."""
+    (fresh_cache / "user.json").write_text(json.dumps({"op|cpu|1|64": {"kernel": "gone", "BLOCK": 8}}))
+    cands = [{"kernel": "k", "BLOCK": 16}, {"kernel": "k", "BLOCK": 32}]
+    usable = lambda c: c.get("kernel") == "k"  # noqa: E731
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        assert _autotune.pick_config("op", (1, 64), cands, _never_run, torch.device("cpu"), usable) == cands[0]
+    assert "cannot run here" in caplog.text
+
+
+def test_registry_usable_refuses_unknown_families_and_opt_in_configs(monkeypatch):
+    from qfuse.ops.wna16.dispatch import REGISTRY
+
+    assert REGISTRY.usable({"kernel": "gemv_words", "BLOCK_N": 16, "BLOCK_W": 64, "SPLIT_K": 1, "num_warps": 4})
+    assert not REGISTRY.usable({"kernel": "gemv_words_v2"}) and not REGISTRY.usable({"BLOCK_N": 16}) and not REGISTRY.usable([1])
+    opt_in = {
+        "kernel": "mma_words",
+        "BLOCK_M": 16,
+        "BLOCK_N": 128,
+        "SPLIT_K": 1,
+        "SCALE_W": False,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 4,
+        "MAXNREG": 128,
+    }
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    assert REGISTRY.is_opt_in(opt_in) and not REGISTRY.usable(opt_in)
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    assert REGISTRY.usable(opt_in)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("0", False), ("false", False), (" Off ", False), ("no", False), ("1", True), ("TRUE", True), ("yes", True), ("", True)]
+)
+def test_env_flags_read_the_usual_spellings(monkeypatch, value, expected):
+    monkeypatch.setenv("QFUSE_AUTOTUNE", value)
+    assert _autotune.env_flag("QFUSE_AUTOTUNE", True) is expected
+
+
+def test_an_env_flag_with_another_value_is_an_error(monkeypatch):
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "maybe")
+    with pytest.raises(ValueError, match="QFUSE_EXPERIMENTAL_KERNELS='maybe': expected one of 1, true, yes, on or 0, false, no, off"):
+        _autotune.experimental_kernels()
