@@ -343,7 +343,7 @@ def pick_config(
     gpu = device_name(device)
     entry_key = _key_str(op, (gpu, *key))
     hit = _checked.get(entry_key)
-    if hit is not None:
+    if hit is not None and _memory.get(entry_key) is hit:  # not replaced since (the tuners set _memory)
         return hit
     with _lock:
         if entry_key not in _memory:
