@@ -35,10 +35,11 @@ def add_parser(sub) -> None:
 def _gpu(args) -> tuple[str, int]:
     from ..ops._autotune import device_name, sm_count
 
+    gpu = args.gpu.strip().replace(" ", "_") if args.gpu else None  # "NVIDIA H200", as the GPU reports it: the tables' NVIDIA_H200
     if torch.cuda.is_available():
         dev = torch.device("cuda")
-        return args.gpu or device_name(dev), args.sms or sm_count(dev)
-    return args.gpu or "NVIDIA_H200", args.sms or 132
+        return gpu or device_name(dev), args.sms or sm_count(dev)
+    return gpu or "NVIDIA_H200", args.sms or 132
 
 
 def _scheme(name: str):
@@ -123,7 +124,8 @@ def explain(
     lines.append(f"  from:   {source}")
     if nearest is not None:  # what pick_config runs where it does not measure
         lines.append(f"  with QFUSE_AUTOTUNE=0 or under CUDA-graph capture: {nearest[0]}")
-        lines.append(f"          the stored pick of the nearest shape, N={nearest[1][0]} K={nearest[1][1]}")
+        shape = f"E={nearest[1][0]} I={nearest[1][1]}" if moe is not None else f"N={nearest[1][0]} K={nearest[1][1]}"  # fused_moe's keys hold (E, I)
+        lines.append(f"          the stored pick of the nearest shape, {shape}")
     if (
         moe is None
         and not s.weight_only

@@ -82,3 +82,19 @@ def test_explain_moe(capsys, monkeypatch, tmp_path):
     assert "weight-only quantized experts only" in out and "untuned heuristic" in out
     with pytest.raises(SystemExit, match="TOP_K must be in"):
         cli.main(["kernels", "--explain", "16", "14336", "4096", "W4A16", "--moe", "8", "9"])
+
+
+def test_explain_reads_the_gpu_name_as_the_gpu_reports_it(capsys, monkeypatch, tmp_path):
+    """--gpu "NVIDIA H200" (torch.cuda.get_device_name's spelling) finds the NVIDIA_H200 tables."""
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
+    runs = []
+    for gpu in ("NVIDIA_H200", "NVIDIA H200"):
+        assert cli.main(["kernels", "--explain", "16", "28672", "4096", "W4A16", "--gpu", gpu]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] and "the shipped table (ops/tuned/wna16_gemm.NVIDIA_H200.json)" in runs[1]
+
+
+def test_explain_moe_names_the_nearest_shape_by_experts_and_intermediate_size(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
+    assert cli.main(["kernels", "--explain", "16", "4096", "4096", "W4A16", "--moe", "8", "2", "--gpu", "NVIDIA_H200"]) == 0
+    assert "the stored pick of the nearest shape, E=8 I=14336" in capsys.readouterr().out
