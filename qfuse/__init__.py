@@ -28,6 +28,7 @@ from .compile import compile, compile_config, inductor_options  # noqa: E402,A00
 from .formats import CheckpointError  # noqa: E402
 from .fused_projections import fuse_projections, unfuse_projections  # noqa: E402
 from .linear import QuantLinear  # noqa: E402
+from .moe import QuantMoE  # noqa: E402
 from .norm import RMSNorm  # noqa: E402
 from .quantize_model import quantize_model  # noqa: E402
 from .schemes import SCHEMES, Scheme, get_scheme  # noqa: E402
@@ -35,6 +36,7 @@ from .schemes import SCHEMES, Scheme, get_scheme  # noqa: E402
 __all__ = [
     "CheckpointError",
     "QuantLinear",
+    "QuantMoE",
     "RMSNorm",
     "SCHEMES",
     "Scheme",

@@ -232,17 +232,21 @@ def head_untied(model: nn.Module) -> bool:
     return head is not None and embedding is not None and getattr(head, "weight", None) is not getattr(embedding, "weight", None)
 
 
-def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.Module:
+def _swap_in(model: nn.Module, replacements: list[tuple[str, nn.Module]], inference: bool = True) -> nn.Module:
+    """The model with ``replacements`` swapped in. ``inference``: qfuse's ops have no backward, so
+    the float parameters left (embeddings, a kept head, norms) stop requiring grad, as
+    ``qfuse.from_pretrained``'s do: with them a plain ``model(ids)`` in grad mode reached the first
+    qfuse op with a tensor that requires grad and raised."""
     for name, new in replacements:
         if not name:
             # The model is itself an nn.Linear (a leaf, so the only replacement): there is
             # no parent to swap it into, the new module is the result.
-            return new
+            return new.requires_grad_(False) if inference else new
         model.set_submodule(name, new)
     if head_untied(model):
         model.config.tie_word_embeddings = False
     graph_blocks(model)  # eager decode calls of each MLP block: one CUDA-graph replay (qfuse/eager_graphs.py)
-    return model
+    return model.requires_grad_(False) if inference else model
 
 
 def _check_calibration(steps: list, scheme: Scheme, data, calibration) -> None:
@@ -411,7 +415,7 @@ def quantize_model(
     # MoE blocks first: their shared-expert Linears are then swapped inside the new block
     moes = _moe_replacements(model, scheme, _ignore_patterns(ignore), group_fallback, fake_quant or calibration_data is not None)
     if fake_quant:
-        return _swap_in(model, _fake_quant_replacements(model, linears, schemes, steps, calibration_data, progress))
+        return _swap_in(model, _fake_quant_replacements(model, linears, schemes, steps, calibration_data, progress), inference=False)
     if calibration_data is None:
         return _swap_in(model, moes + _build_replacements(linears, norms, scheme, schemes, progress))
     new = _calibrated_replacements(model, linears, scheme, schemes, steps, calibration_data, progress)
@@ -437,12 +441,12 @@ def quantize_with_simulation(
     if calibration_data is None:
         simulation = copy.deepcopy(model)
         sim_linears = [(n, simulation.get_submodule(n) if n else simulation) for n, _ in linears]
-        simulation = _swap_in(simulation, _fake_quant_replacements(simulation, sim_linears, schemes, steps, None, progress))
+        simulation = _swap_in(simulation, _fake_quant_replacements(simulation, sim_linears, schemes, steps, None, progress), inference=False)
         return _swap_in(model, _build_replacements(linears, norms, scheme, schemes, progress)), simulation
     results = LayerCalibrator(steps, schemes).run(model, calibration_data, progress)
     simulation = copy.deepcopy(model)  # the decoder layers hold the calibration's FakeQuantLinears now
     sim_linears = [(n, simulation.get_submodule(n)) for n, _ in linears]
-    simulation = _swap_in(simulation, _fake_quant_replacements(simulation, sim_linears, schemes, steps, None, progress))
+    simulation = _swap_in(simulation, _fake_quant_replacements(simulation, sim_linears, schemes, steps, None, progress), inference=False)
     new = _calibrated_replacements(model, linears, scheme, schemes, steps, calibration_data, progress, results)
     return _swap_in(model, new + [(name, RMSNorm.from_module(mod)) for name, mod in norms]), simulation
 

@@ -470,3 +470,18 @@ def test_lm_head_errors():
         qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", lm_head="W8A8_STATIC", progress=False)
     with pytest.raises(ValueError, match="unknown|scheme"):
         qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W4A16", lm_head="W3A16", progress=False)
+
+
+def test_a_quantized_model_runs_in_grad_mode():
+    """qfuse's ops have no backward: quantize_model leaves no parameter requiring grad (the embedding
+    and the kept head did, so ``model(ids)`` outside no_grad raised at the first qfuse op)."""
+    from tests.hf_models import tiny_hf_model
+
+    model = tiny_hf_model("llama", layers=1, vocab=64)
+    model.requires_grad_(True)
+    qfuse.quantize_model(model, "W8A8", progress=False)
+    assert not any(p.requires_grad for p in model.parameters())
+    out = model(torch.randint(0, 64, (1, 5))).logits
+    assert out.shape == (1, 5, 64) and not out.requires_grad
+    lin = qfuse.quantize_model(torch.nn.Linear(64, 32, dtype=torch.bfloat16), "W8A16", progress=False)
+    assert not lin(torch.randn(2, 64, dtype=torch.bfloat16)).requires_grad
