@@ -45,7 +45,7 @@ def test_unverified_kernel_families_need_opt_in(monkeypatch):
 
     seen = {}
 
-    def fake_pick(op, key, cands, run, device):
+    def fake_pick(op, key, cands, run, device, usable=None):
         seen[op] = cands() if callable(cands) else cands
         return seen[op][0]
 

@@ -162,7 +162,7 @@ def test_eager_decode_takes_the_pick_without_tma(monkeypatch, m, capturing, expe
     picks = {"w8a8_gemm": dict(tma_cfg(), TAG="graph"), "w8a8_gemm_eager": dict(tile, TAG="eager")}
     seen = {}
 
-    def fake_pick(op, key, cands, run, device):
+    def fake_pick(op, key, cands, run, device, usable=None):
         if op.endswith("_eager"):
             seen["eager_cands"] = cands()
         return picks[op]
