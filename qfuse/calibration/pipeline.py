@@ -71,7 +71,7 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return max(found, key=lambda item: len(item[1]))
 
 
-def _batches(data, device: torch.device) -> list[Tensor]:
+def token_batches(data, device: torch.device) -> list[Tensor]:
     """Calibration token ids as a list of ``[B, T]`` long tensors on ``device``."""
     if isinstance(data, Tensor):
         data = [data] if data.dim() == 2 else [data.unsqueeze(0)] if data.dim() == 1 else None
@@ -219,7 +219,7 @@ class LayerCalibrator:
         device = next(model.parameters()).device
         model_dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         compute = torch.float32 if device.type == "cpu" else model_dtype
-        batches = _batches(data, device)
+        batches = token_batches(data, device)
         if self.sq is not None or self.awq is not None:
             check_foldable(layers, " + ".join(type(r).__name__ for r in (self.sq, self.awq) if r))
         inputs = _cast_floats(_capture_inputs(model, layers[0], batches), compute)

@@ -124,11 +124,11 @@ def smooth_model(
     evaluated), as ``quantize_model``'s ``calibration_data``: a ``[B, T]`` tensor or a list of
     ``[B, T]`` / ``[T]`` ones. ``mappings`` default to :func:`smoothquant_mappings`.
     """
-    from .pipeline import _batches, decoder_layers
+    from .pipeline import decoder_layers, token_batches
 
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    batches = _batches(batches, next(model.parameters()).device)
+    batches = token_batches(batches, next(model.parameters()).device)
     if mappings is None:
         check_foldable(decoder_layers(model)[1], "smooth_model")
         mappings = smoothquant_mappings(model)
