@@ -14,8 +14,8 @@ When (:func:`replayable`): a plain CUDA tensor input, not under ``torch.compile`
 CUDA graph being captured on the current stream (a user's own capture records the ops as
 they are), no input that requires grad in grad mode, no ``TorchDispatchMode`` active, and at
 most ``QFUSE_EAGER_GRAPH_ROWS`` rows (default 64: decode batches; a prefill's many tokens are
-GPU-bound anyway, and each new length would be a capture). ``QFUSE_EAGER_GRAPHS=0`` turns it
-off.
+GPU-bound anyway, and each new length would be a capture). ``QFUSE_EAGER_GRAPHS=0`` (or
+``false`` / ``no`` / ``off``) turns it off.
 
 A graph is kept per (input shapes, strides, dtypes, device, stream, inference mode, autocast) and per
 the data pointers of the module's own tensors: a module moved or given new tensors captures
@@ -37,6 +37,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from .ops._autotune import env_flag
+
 MAX_GRAPHS = 4  # input shapes per module; one more drops them all (a batch that keeps changing)
 _pools: dict[tuple, object] = {}  # (device index, stream id) -> the graph memory pool
 _side_streams: dict[int, torch.cuda.Stream] = {}  # device index -> the stream graphs are captured on
@@ -45,11 +47,14 @@ _failed = False  # a capture failed: the allocator's and the RNG's capture state
 
 
 def enabled() -> bool:
-    return not _failed and os.environ.get("QFUSE_EAGER_GRAPHS", "1") != "0"
+    return not _failed and env_flag("QFUSE_EAGER_GRAPHS", True)
 
 
 def max_rows() -> int:
-    return int(os.environ.get("QFUSE_EAGER_GRAPH_ROWS", "64"))
+    value = os.environ.get("QFUSE_EAGER_GRAPH_ROWS", "").strip() or "64"
+    if not value.isdigit():
+        raise ValueError(f"QFUSE_EAGER_GRAPH_ROWS={value!r}: expected a non-negative integer (rows of an input replayed as a CUDA graph)")
+    return int(value)
 
 
 def replayable(x: Tensor) -> bool:

@@ -30,12 +30,10 @@ first candidate, the heuristic, runs). ``qfuse kernels --explain`` prints all of
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
-from .._autotune import m_bucket, pick_config, sm_count, tma_capable
+from .._autotune import env_flag, m_bucket, pick_config, sm_count, tma_capable
 from ..kernel_family import Problem, Registry
 from .dequant_mm import FAMILY as DEQUANT_MM
 from .gemv import FAMILY as GEMV
@@ -119,7 +117,7 @@ def fp32_accumulate() -> bool:
     shipped W4A16 M = 1 picks on the H200). A tuned or shipped ``HFMA2`` pick then runs the same
     tile in float32: the rms error against the exact product goes from 1.4-2.0x the reference
     kernel's own to 0.6-0.85x, and the time up 24-39 % (H200, M = 1; BENCHMARKS.md)."""
-    return os.environ.get("QFUSE_FP32_ACCUMULATE", "0") == "1"
+    return env_flag("QFUSE_FP32_ACCUMULATE", False)
 
 
 def accumulate_form(cfg: dict) -> dict:

@@ -163,3 +163,17 @@ def test_threads_sharing_a_stream_get_their_own_results(recorder):
 
     run_in_threads(worker, 4)
     assert not wrong, f"{len(wrong)} of 80 calls returned another thread's result"
+
+
+def test_switches_read_on_off_spellings_and_refuse_other_values(monkeypatch):
+    for value, on in (("false", False), ("off", False), ("0", False), ("yes", True), ("1", True), ("", True)):
+        monkeypatch.setenv("QFUSE_EAGER_GRAPHS", value)
+        assert eager_graphs.enabled() is on, value
+    monkeypatch.setenv("QFUSE_EAGER_GRAPHS", "disabled")
+    with pytest.raises(ValueError, match="QFUSE_EAGER_GRAPHS='disabled'"):
+        eager_graphs.enabled()
+    monkeypatch.setenv("QFUSE_EAGER_GRAPH_ROWS", "16")
+    assert eager_graphs.max_rows() == 16
+    monkeypatch.setenv("QFUSE_EAGER_GRAPH_ROWS", "sixteen")
+    with pytest.raises(ValueError, match="QFUSE_EAGER_GRAPH_ROWS='sixteen'"):
+        eager_graphs.max_rows()

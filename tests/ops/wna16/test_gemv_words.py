@@ -331,3 +331,14 @@ def dequantize_exact(qw, s, z, group_size):
     codes = torch.stack((qw & 15, qw >> 4), -1).reshape(qw.shape[0], -1).double()
     g = codes.shape[1] if group_size == -1 else group_size
     return (codes - z.double().repeat_interleave(g, 1)) * s.double().repeat_interleave(g, 1)
+
+
+def test_fp32_accumulate_reads_on_off_spellings(monkeypatch):
+    from qfuse.ops.wna16.dispatch import fp32_accumulate
+
+    for value, on in (("true", True), ("ON", True), ("1", True), ("false", False), ("off", False), ("", False)):
+        monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", value)
+        assert fp32_accumulate() is on, value
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "fp32")
+    with pytest.raises(ValueError, match="QFUSE_FP32_ACCUMULATE='fp32'"):
+        fp32_accumulate()
