@@ -464,7 +464,9 @@ def _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, 
     # the defaults hold whatever the caller ignores besides: the head is quantized by lm_head= only
     defaults = tuple(p for p in DEFAULT_IGNORE if not (heads and p == "lm_head"))
     patterns = defaults if ignore is None else tuple(dict.fromkeys(patterns + defaults))
-    kept = [(n, m) for n, m in candidates if not _ignored(n, patterns)]
+    # a sparse-MoE block named in ignore is kept whole: Qwen2-MoE's shared expert inside it too
+    whole = tuple(f"{n}." for n, _ in sparse_moe_blocks(model) if _ignored(n, patterns))
+    kept = [(n, m) for n, m in candidates if not (_ignored(n, patterns) or n.startswith(whole))]
     linears = [(n, m) for n, m in kept if isinstance(m, nn.Linear)]
     norms = [(n, m) for n, m in kept if not isinstance(m, nn.Linear)]
     _refuse_nothing_to_quantize(model, linears, candidates, patterns)

@@ -129,6 +129,17 @@ def test_quantize_model_converts_moe_blocks(arch):
     assert rel_err(out, ref) < 0.1  # measured 0.04-0.05; 0.03-0.07 with the MoE blocks ignored (attention alone)
 
 
+def test_an_ignored_qwen2_moe_block_keeps_its_shared_expert_float():
+    model = tiny_moe_model("qwen2_moe", layers=2)
+    qfuse.quantize_model(model, "W8A16", ignore=["model.layers.0.mlp"], progress=False)
+    kept, converted = model.model.layers[0].mlp, model.model.layers[1].mlp
+    assert not isinstance(kept, QuantMoE) and type(kept.shared_expert.down_proj) is torch.nn.Linear
+    assert isinstance(converted, QuantMoE) and isinstance(converted.shared_expert.down_proj, QuantLinear)
+    model = tiny_moe_model("qwen2_moe", layers=1)  # <block>.experts keeps the routed experts only
+    qfuse.quantize_model(model, "W8A16", ignore=["model.layers.0.mlp.experts"], progress=False)
+    assert isinstance(model.model.layers[0].mlp.shared_expert.down_proj, QuantLinear)
+
+
 def test_quantize_model_ignore_and_group_fallback():
     model = tiny_moe_model("mixtral", hidden=128, intermediate=64, layers=2)
     with warnings.catch_warnings():
