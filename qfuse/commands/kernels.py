@@ -129,15 +129,23 @@ def explain(
     if (
         moe is None
         and not s.weight_only
-        and cfg is not None
-        and int8_dispatch.uses_tma(int8_dispatch.normalize(cfg))
         and key[0] <= int8_dispatch.EAGER_MAX_M
+        and any(c is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(c)) for c in (cfg, nearest and nearest[0]))
     ):
         eager = lookup(op + "_eager", key, gpu)
         lines.append(
             f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
             + (f"  from {eager[1]}" if eager else "")
         )
+        if eager is None:  # what the op runs there without measuring (pick_config's untuned branch)
+            plain = [c for c in offered if not int8_dispatch.uses_tma(c)]
+            with _lock:
+                load_stored(op + "_eager", gpu)
+                near = nearest_stored_entry(op + "_eager", gpu, key, plain)
+            untuned = f"{near[0]}, the stored eager pick of the nearest shape, N={near[1][0]} K={near[1][1]}" if near else plain[0] if plain else None
+            lines.append(f"         with QFUSE_AUTOTUNE=0: {untuned}")
+    if s.weight_only and moe is None and cfg is not None and wna16_dispatch.accumulate_form(cfg) != cfg:
+        lines.append(f"  runs as: {wna16_dispatch.accumulate_form(cfg)}  (QFUSE_FP32_ACCUMULATE=1: float32 sums)")
     return "\n".join(lines)
 
 

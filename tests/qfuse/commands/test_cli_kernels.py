@@ -98,3 +98,21 @@ def test_explain_moe_names_the_nearest_shape_by_experts_and_intermediate_size(ca
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
     assert cli.main(["kernels", "--explain", "16", "4096", "4096", "W4A16", "--moe", "8", "2", "--gpu", "NVIDIA_H200"]) == 0
     assert "the stored pick of the nearest shape, E=8 I=14336" in capsys.readouterr().out
+
+
+def test_explain_shows_the_untuned_eager_pick_and_the_float32_form(capsys, monkeypatch, tmp_path):
+    """W8A8 1 x 14336 x 4096 has no shipped pick: without measuring, the op runs the nearest shape's
+    TMA pick, and eagerly that shape's stored non-TMA pick; QFUSE_FP32_ACCUMULATE=1 runs an HFMA2
+    pick's tile in float32."""
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
+    assert cli.main(["kernels", "--explain", "1", "14336", "4096", "W8A8", "--gpu", "NVIDIA_H200"]) == 0
+    out = capsys.readouterr().out
+    assert "'kernel': 'tma'" in next(line for line in out.splitlines() if "with QFUSE_AUTOTUNE=0 or under" in line)
+    eager = out.split("eager (outside a CUDA graph", 1)[1]
+    line = next(line for line in eager.splitlines() if "with QFUSE_AUTOTUNE=0:" in line)
+    assert "'kernel': 'tile'" in line and "nearest shape, N=28672 K=4096" in line
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")
+    assert cli.main(["kernels", "--explain", "1", "4096", "4096", "W4A16", "--gpu", "NVIDIA_H200"]) == 0
+    out = capsys.readouterr().out
+    runs = next(line for line in out.splitlines() if line.strip().startswith("runs as:"))
+    assert "'kernel': 'gemv_words'" in runs and "HFMA2" not in runs and "'HFMA2': 2" in out
