@@ -90,6 +90,12 @@ def _set_tensor(model: nn.Module, name: str, value: Tensor) -> None:
         module._buffers[leaf] = value
 
 
+# Buffers the model computes from its config: transformers before 4.31 saved Llama's rotary
+# inv_freq in every attention layer (early GPTQ / AWQ checkpoints hold them); transformers and
+# vLLM skip them on load, and the model rebuilds them in float32
+COMPUTED_BUFFERS = ("rotary_emb.inv_freq",)
+
+
 def _plain_tensors(reader, model: nn.Module, consumed: set[str], quantized: tuple[str, ...], rename, dtype: torch.dtype, device) -> dict[str, Tensor]:
     """Every checkpoint tensor that is not ``consumed`` by a quantized layer or an expert, by its
     name in the model (``rename``), checked against the model's parameter or buffer of that name
@@ -100,7 +106,7 @@ def _plain_tensors(reader, model: nn.Module, consumed: set[str], quantized: tupl
     targets.update(model.named_buffers(remove_duplicate=False))
     plain = {}
     for stored in files.names():
-        if stored in consumed:
+        if stored in consumed or stored.endswith(COMPUTED_BUFFERS):
             continue
         where = files.file_of[stored]
         name = rename(stored)

@@ -60,6 +60,10 @@ class GptqCheckpoint:
             self.format = checkpoint_format(qc)
         except CheckpointError as e:
             raise CheckpointError(f"{files.path}: {e}") from None
+        if qc.get("is_marlin_format"):  # AutoGPTQ's Marlin repack: B / s / workspace tensors, not qweight
+            raise CheckpointError(
+                f"{files.path}: AutoGPTQ's Marlin layout (is_marlin_format: true) is not supported; load the GPTQ checkpoint it was converted from"
+            )
         self.name = self.format
         self.dynamic = qc.get("dynamic") or {}
 
@@ -116,6 +120,8 @@ class GptqCheckpoint:
         qzeros = f.get(f"{p}.qzeros", (torch.int32,), (groups, n // pf))
         scales = f.get(f"{p}.scales", FLOAT_DTYPES, (groups, n))
         g_idx = None
+        if spec.act_order and groups > 1 and f"{p}.g_idx" not in f:  # natural order would be silently wrong
+            raise CheckpointError(f"{where}: desc_act is true but the checkpoint has no {p}.g_idx (each input's group)")
         if f"{p}.g_idx" in f:
             g_idx = f.get(f"{p}.g_idx", (torch.int32, torch.int64), (k,))
             if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):

@@ -320,11 +320,14 @@ def edit_quant_config(path: Path, **changes) -> None:
     (path / "config.json").write_text(json.dumps(config))
 
 
-def edit_tensor(path: Path, name: str, value: Tensor) -> None:
-    """Replace one stored tensor of a written checkpoint."""
+def edit_tensor(path: Path, name: str, value: Tensor | None) -> None:
+    """Replace (``None``: remove) one stored tensor of a written checkpoint."""
     file = str(Path(path) / "model.safetensors")
     tensors = load_file(file)
-    tensors[name] = value
+    if value is None:
+        del tensors[name]
+    else:
+        tensors[name] = value
     save_file(tensors, file, metadata={"format": "pt"})
 
 

@@ -224,3 +224,26 @@ def test_g_idx_with_unequal_groups(tmp_path):
     edit_tensor(tmp_path, f"{BIASED}.g_idx", g_idx)
     with pytest.raises(qfuse.CheckpointError, match="g_idx does not put exactly 128 input channels in each of 3 groups"):
         load(tmp_path, extra)
+
+
+def test_desc_act_without_g_idx_is_refused(tmp_path):
+    """Loaded in natural order the act-order layer's weights would be wrong (max 0.07 apart, logits 0.33)."""
+    _, extra = write_model(tmp_path, bits=4, group_size=64, sym=True, desc_act=True)
+    edit_tensor(tmp_path, f"{BIASED}.g_idx", None)
+    with pytest.raises(qfuse.CheckpointError, match=r"layer layers\.1\.mlp\.up_proj: desc_act is true but the checkpoint has no .*g_idx"):
+        load(tmp_path, extra)
+
+
+def test_autogptq_marlin_layout_is_refused_by_name(tmp_path):
+    _, extra = write_model(tmp_path, bits=4, group_size=128, sym=True, config_style="quantize_config.json")
+    edit_quant_config(tmp_path, is_marlin_format=True)
+    with pytest.raises(qfuse.CheckpointError, match="AutoGPTQ's Marlin layout .* is not supported"):
+        load(tmp_path, extra)
+
+
+def test_stored_rotary_inv_freq_is_skipped(tmp_path):
+    """transformers before 4.31 saved each attention layer's rotary inv_freq; the model computes it."""
+    _, extra = write_model(tmp_path, bits=4, group_size=128, sym=True)
+    edit_tensor(tmp_path, "layers.0.self_attn.rotary_emb.inv_freq", torch.rand(8))
+    model = load(tmp_path, extra)
+    assert not any("inv_freq" in n for n, _ in model.named_buffers())
