@@ -14,7 +14,9 @@ _EXACT_FP32_CHUNK = 1024
 def int8_matmul_nt(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b.T`` accumulated exactly in int32, for int8 ``a [M, K]`` and ``b [N, K]``."""
     if a.device.type == "cpu":
-        return torch._int_mm(a, b.t())  # exact on CPU for any shape and layout
+        if a.shape[1] == 1:  # torch._int_mm on the CPU returns uninitialized values at K = 1 (torch 2.13)
+            return a.to(torch.int32) * b.to(torch.int32).t()
+        return torch._int_mm(a, b.t())  # exact on CPU for any other shape and layout
     k = a.shape[1]
     acc = torch.zeros((a.shape[0], b.shape[0]), dtype=torch.int32, device=a.device)
     for k0 in range(0, k, _EXACT_FP32_CHUNK):
