@@ -65,11 +65,16 @@ def _refuse_quantized(model: nn.Module) -> None:
             "model has projections stacked by qfuse.fuse_projections; quantize the unfused model "
             "(qfuse.unfuse_projections(model) first) and fuse after quantize_model"
         )
-    schemes = Counter(m.scheme.name for m in model.modules() if isinstance(m, QuantLinear))
+    kinds = (QuantLinear, FakeQuantLinear, QuantMoE)  # fake_quant=True layers and MoE blocks were quantized too
+    schemes = Counter(
+        f"{(m.experts if isinstance(m, QuantMoE) else m).scheme.name} {next(k.__name__ for k in kinds if isinstance(m, k))}"
+        for m in model.modules()
+        if isinstance(m, kinds)
+    )
     if schemes:
         found = ", ".join(f"{n} {s}" for s, n in sorted(schemes.items()))
         raise ValueError(
-            f"model is already quantized ({found} QuantLinear layer(s)); quantize_model converts float nn.Linear "
+            f"model is already quantized ({found} layer(s)); quantize_model converts float nn.Linear "
             "layers and does not requantize: start again from the float model. To give some layers another scheme, "
             "keep them out of the first call with ignore=... and quantize those submodules in a second call"
         )
@@ -410,6 +415,7 @@ def quantize_model(
     A bare ``nn.Linear`` cannot be changed in place: the returned ``QuantLinear``
     replaces it, so use the return value.
     """
+    ignore = None if ignore is None else _ignore_patterns(ignore)  # once: an iterator is read once
     linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, lm_head)
     scheme = get_scheme(scheme)
     # MoE blocks first: their shared-expert Linears are then swapped inside the new block
@@ -435,6 +441,7 @@ def quantize_with_simulation(
 ) -> tuple[nn.Module, nn.Module]:
     """``(quantize_model(model, ...), quantize_model(copy, ..., fake_quant=True))`` from one
     calibration run: the kernels' model and the algorithm's simulation of exactly the same codes."""
+    ignore = None if ignore is None else _ignore_patterns(ignore)  # once: an iterator is read once
     linears, norms, schemes, steps = _plan(model, scheme, ignore, group_fallback, calibration, calibration_data, lm_head)
     scheme = get_scheme(scheme)
     _moe_replacements(model, scheme, _ignore_patterns(ignore), group_fallback, simulated=True)  # refuses MoE blocks

@@ -140,6 +140,21 @@ def test_an_ignored_qwen2_moe_block_keeps_its_shared_expert_float():
     assert isinstance(model.model.layers[0].mlp.shared_expert.down_proj, QuantLinear)
 
 
+def test_ignore_as_an_iterator_keeps_the_moe_block_it_names():
+    model = tiny_moe_model("mixtral", layers=2)
+    qfuse.quantize_model(model, "W8A16", ignore=iter(["model.layers.0.mlp", "q_proj"]), progress=False)
+    layer = model.model.layers[0]
+    assert not isinstance(layer.mlp, QuantMoE) and type(layer.self_attn.q_proj) is torch.nn.Linear
+    assert isinstance(model.model.layers[1].mlp, QuantMoE)
+
+
+def test_a_model_with_quantized_experts_only_is_refused_a_second_time():
+    model = tiny_moe_model("mixtral", layers=1)
+    qfuse.quantize_model(model, "W8A16", ignore=["*_proj", "lm_head"], progress=False)  # the experts alone
+    with pytest.raises(ValueError, match=r"already quantized \(1 W8A16 QuantMoE layer"):
+        qfuse.quantize_model(model, "W4A16", progress=False)
+
+
 def test_quantize_model_ignore_and_group_fallback():
     model = tiny_moe_model("mixtral", hidden=128, intermediate=64, layers=2)
     with warnings.catch_warnings():

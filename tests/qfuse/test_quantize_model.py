@@ -216,8 +216,14 @@ def test_mixed_schemes_through_submodules():
     qfuse.quantize_model(model, "W4A16", ignore=("lm_head", "model.layers.1.*"), progress=False)
     qfuse.quantize_model(model.model.layers[1], "W8A8", progress=False)  # what the error above suggests
     assert model.model.layers[1].mlp.down_proj.scheme.name == "W8A8"
-    with pytest.raises(ValueError, match=r"\(7 W4A16, 7 W8A8 QuantLinear"):
+    with pytest.raises(ValueError, match=r"\(7 W4A16 QuantLinear, 7 W8A8 QuantLinear layer"):
         qfuse.quantize_model(model, "W8A16", progress=False)
+
+
+def test_a_fake_quant_model_is_refused_too():
+    model = qfuse.quantize_model(tiny_hf_model("llama", layers=1), "W8A8", fake_quant=True, progress=False)
+    with pytest.raises(ValueError, match=r"already quantized \(7 W8A8 FakeQuantLinear layer"):
+        qfuse.quantize_model(model, "W8A16", lm_head="W8A16", progress=False)
 
 
 def test_bare_linear_returns_a_quantlinear():
