@@ -39,6 +39,8 @@ def _compile_kwargs(passes: bool, pass_config, kwargs: dict) -> dict:
     kwargs = dict(kwargs)
     backend = kwargs.get("backend", "inductor")
     if backend != "inductor":
+        if not passes:  # the A/B form of a torch.compile call with another backend: nothing of Inductor's to set
+            return kwargs
         raise ValueError(f"qfuse.compile: the fusion passes need backend='inductor', got backend={backend!r}")
     from qfuse.ops._inductor import register_inductor_fallbacks
 

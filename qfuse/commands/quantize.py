@@ -24,6 +24,7 @@ from .common import (
     builtin_model,
     calibrates,
     human_bytes,
+    is_quantized_dir,
     linear_weight_bytes,
     load_builtin,
     positive_int,
@@ -97,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if not builtin:
         if not (args.model / "config.json").is_file():
             raise SystemExit(f"qfuse quantize: {args.model} has no config.json (a local Hugging Face model directory is needed)")
+        if is_quantized_dir(args.model):
+            raise SystemExit(f"qfuse quantize: {args.model} is already a quantized checkpoint; start from the float model")
         if args.out.resolve() == args.model.resolve():
             raise SystemExit("qfuse quantize: --out must differ from the model directory")
     if args.out.exists() and not args.out.is_dir():

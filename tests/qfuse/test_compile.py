@@ -43,6 +43,7 @@ def test_compile_config_carries_the_passes():
     assert plain.options is None
     with pytest.raises(ValueError, match="backend='inductor'"):
         qfuse.compile_config(backend="eager")
+    assert qfuse.compile_config(passes=False, backend="eager").backend == "eager"  # the A/B call of another backend
     with pytest.raises(TypeError, match="CompileConfig takes no disable"):
         qfuse.compile_config(disable=True)
 
@@ -129,3 +130,12 @@ def check_same_greedy_tokens(float_model, tok, scheme: str, device: str) -> None
     got = compiled[0, ids.shape[1] :]
     margins = [round((v[0] - v[1]).item(), 3) for v in top2]
     assert torch.equal(got[:same], new[:same]), (tok.decode(new), tok.decode(got), margins)
+
+
+def test_passes_off_takes_any_backend():
+    model = torch.nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    out = qfuse.compile(model, passes=False, backend="eager")(x)
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="backend='inductor'"):
+        qfuse.compile(model, backend="eager")

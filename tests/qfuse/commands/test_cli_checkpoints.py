@@ -40,6 +40,11 @@ def test_quantize_prints_memory_and_writes_a_servable_directory(float_model_dir,
     assert qc["ignore"] == ["lm_head"]
 
 
+def test_quantize_refuses_a_quantized_directory(quantized_dir, tmp_path):
+    with pytest.raises(SystemExit, match="is already a quantized checkpoint; start from the float model"):
+        main(["quantize", str(quantized_dir), "--scheme", "W8A16", "--out", str(tmp_path / "again")])
+
+
 def test_info_lists_every_layer(quantized_dir, capsys):
     text = _run(capsys, "info", quantized_dir)
     assert "format: compressed-tensors (pack-quantized)" in text
