@@ -362,6 +362,14 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
         raise ValueError(
             "save_quantized: the model has no qfuse.QuantLinear layers or quantized QuantMoE experts; quantize it first (qfuse.quantize_model)"
         )
+    rounded = [n for n, b in model.named_buffers() if n.rpartition(".")[2] == "inv_freq" and b.dtype in (torch.float16, torch.bfloat16)]
+    if rounded:  # Module.to(dtype) rounded them; from_pretrained rebuilds them in float32
+        warnings.warn(
+            f"save_quantized: the model's rotary inv_freq ({rounded[0]}) is {str(model.get_buffer(rounded[0]).dtype).removeprefix('torch.')}, "
+            "rounded by Module.to(dtype); the reloaded model computes it in float32, so its logits differ slightly from this model's. "
+            "Build the float model with from_pretrained(..., dtype=...) or qfuse.models.cast.cast_float_model instead of .to(dtype)",
+            stacklevel=2,
+        )
     to_disk = renamer(sites, to_disk=True)
     member_names = {to_disk(n) for n in members}
     entries = [(to_disk(n), m, False) for n, m in layers.items()]

@@ -7,7 +7,8 @@ ARCHS = ("llama", "qwen2", "mistral")
 
 def tiny_hf_model(arch: str, dtype=torch.bfloat16, layers: int = 2, hidden: int = 256, intermediate: int = 512, vocab: int = 256):
     """A ``<Arch>ForCausalLM`` with 4 attention heads / 2 KV heads and random weights
-    (norm weights perturbed away from 1, so a dropped norm weight would show)."""
+    (norm weights perturbed away from 1, so a dropped norm weight would show), in ``dtype`` as
+    ``from_pretrained(dtype=...)`` builds it."""
     import transformers as tf
 
     common = dict(
@@ -30,4 +31,6 @@ def tiny_hf_model(arch: str, dtype=torch.bfloat16, layers: int = 2, hidden: int 
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.mul_(1 + 0.1 * torch.randn_like(p))
-    return model.to(dtype).eval()
+    from qfuse.models.cast import cast_float_model
+
+    return cast_float_model(model, dtype).eval()  # rotary inv_freq float32, as from_pretrained(dtype=...) builds it

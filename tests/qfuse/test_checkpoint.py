@@ -273,3 +273,12 @@ def test_a_model_built_with_other_heads_is_refused(tmp_path):
         qfuse.load_quantized(tmp_path, other, progress=False)
     assert not any(isinstance(m, qfuse.QuantLinear) for m in other.modules())
     qfuse.load_quantized(tmp_path, llama(4, 2), progress=False)
+
+
+def test_a_rounded_rotary_inv_freq_is_named_when_saving(tmp_path):
+    """Module.to(bf16) rounds inv_freq; a reloaded model computes it in float32 (logits differ)."""
+    model = tiny_hf_model("llama", layers=1)
+    model.model.rotary_emb.inv_freq = model.model.rotary_emb.inv_freq.bfloat16()
+    qfuse.quantize_model(model, "W8A16", progress=False)
+    with pytest.warns(UserWarning, match=r"rotary inv_freq \(model.rotary_emb.inv_freq\) is bfloat16"):
+        qfuse.save_quantized(model, tmp_path, progress=False)
