@@ -126,11 +126,13 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"qfuse quantize: {e}") from None
     if data is not None:
         print(f"calibrated ({recipe_name(steps)}) and quantized in {time.perf_counter() - t0:.1f} s")
-    after, _ = linear_weight_bytes(model)
+    after, other_after = linear_weight_bytes(model)
     experts = any(isinstance(m, QuantExperts) for m in model.modules())
+    # a quantized head tied to the embedding unties it: the embedding's float weight becomes an other tensor
+    others = human_bytes(other) if other_after == other else f"{human_bytes(other)} -> {human_bytes(other_after)}"
     print(
         f"{'linear and expert' if experts else 'linear'} weights: {human_bytes(before)} {str(dtype).removeprefix('torch.')} -> {human_bytes(after)} {scheme.name} "
-        f"({before / max(after, 1):.2f}x smaller); other tensors {human_bytes(other)}"
+        f"({before / max(after, 1):.2f}x smaller); other tensors {others}; in all {human_bytes(before + other)} -> {human_bytes(after + other_after)}"
     )
     save_quantized(model, args.out, max_shard_size=args.max_shard_size)
     verb = "copied"

@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from qfuse.cli import main
 
@@ -43,6 +44,22 @@ def test_quantize_prints_memory_and_writes_a_servable_directory(float_model_dir,
 def test_quantize_refuses_a_quantized_directory(quantized_dir, tmp_path):
     with pytest.raises(SystemExit, match="is already a quantized checkpoint; start from the float model"):
         main(["quantize", str(quantized_dir), "--scheme", "W8A16", "--out", str(tmp_path / "again")])
+
+
+def test_quantize_counts_the_embedding_a_quantized_tied_head_unties(tmp_path, capsys):
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "tied")
+    text = _run(capsys, "quantize", tmp_path / "tied", "--scheme", "W8A16", "--lm-head", "W8A16", "--out", tmp_path / "out")
+    m = re.search(r"other tensors ([0-9.]+ K?B) -> ([0-9.]+ K?B); in all ([0-9.]+ K?B) -> ([0-9.]+ K?B)", text)
+    assert m, text
+    size = lambda s: float(s.split()[0]) * (1000 if s.endswith("KB") else 1)  # noqa: E731
+    embedding = 320 * 128 * 2  # the float embedding, counted once the head no longer shares it
+    assert size(m.group(2)) - size(m.group(1)) == pytest.approx(embedding, abs=10)
+    linear = re.search(r"linear weights: ([0-9.]+ KB) bfloat16 -> ([0-9.]+ KB)", text)
+    assert size(m.group(4)) == pytest.approx(size(linear.group(2)) + size(m.group(2)), abs=10)
 
 
 def test_info_lists_every_layer(quantized_dir, capsys):
