@@ -103,17 +103,18 @@ def get_scheme(scheme: str | Scheme) -> Scheme:
     """Look up a scheme by name (case-insensitive) or pass a :class:`Scheme` through.
 
     A name is a preset (``W4A16``) or one spelled out the way :func:`make_scheme` names schemes:
-    ``W{4,8}A{8,16}`` with ``_G{group}`` or ``_CH`` (per channel) and ``_ASYM``, e.g. ``W4A16_G64``,
-    ``W4A16_G32_ASYM``, ``W4A8_G64``, ``W8A16_G128`` (the group fallback's names)."""
+    ``W{4,8}A{8,16}`` with ``_G{group}`` or ``_CH`` (per channel), ``_ASYM`` and ``_STATIC`` (int8
+    activations with a calibrated scale), e.g. ``W4A16_G64``, ``W4A16_G32_ASYM``, ``W4A8_G64``,
+    ``W8A16_G128`` (the group fallback's names), ``W4A8_CH_STATIC`` (as ``qfuse info`` shows it)."""
     if isinstance(scheme, Scheme):
         return scheme
     if isinstance(scheme, str):
         found = SCHEMES.get(scheme.upper()) or CALIBRATED_SCHEMES.get(scheme.upper())
         if found is not None:
             return found
-        m = re.fullmatch(r"W(4|8)A(8|16)(?:_G(\d+)|_CH)?(_ASYM)?", scheme.upper())
+        m = re.fullmatch(r"W(4|8)A(8|16)(?:_G(\d+)|_CH)?(_ASYM)?(_STATIC)?", scheme.upper())
         if m is not None:
-            return make_scheme(int(m[1]), int(m[2]), int(m[3]) if m[3] else -1, m[4] is None)
+            return make_scheme(int(m[1]), int(m[2]), int(m[3]) if m[3] else -1, m[4] is None, m[5] is not None)
     raise ValueError(
         f"unknown quantization scheme {scheme!r}; valid schemes: {', '.join([*SCHEMES, *CALIBRATED_SCHEMES])}, "
         "or one spelled out: W4A16_G64, W4A16_G32_ASYM, W4A8_G64, W8A16_G128, W4A16_CH, ..."

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 import qfuse
-from qfuse.schemes import Scheme
+from qfuse.schemes import Scheme, get_scheme, make_scheme
 
 
 def test_presets():
@@ -49,3 +49,16 @@ def test_invalid_combinations():
         Scheme("X", 4, 8, 128, symmetric=False)
     with pytest.raises(ValueError, match="group_size must be one of"):
         Scheme("X", 8, 8, 128)
+
+
+@pytest.mark.parametrize(
+    "static", [make_scheme(4, 8, -1, static_act=True), make_scheme(4, 8, 128, static_act=True), make_scheme(8, 8, 64, static_act=True)]
+)
+def test_static_scheme_names_round_trip(static):
+    """The names make_scheme gives static-activation checkpoint layers (qfuse info prints them) are accepted back."""
+    assert get_scheme(static.name) == static and get_scheme(static.name.lower()) == static
+
+
+def test_a_static_weight_only_name_is_refused():
+    with pytest.raises(ValueError, match="static_act needs int8 activations"):
+        get_scheme("W4A16_STATIC")
