@@ -52,7 +52,7 @@ def test_invalid_combinations():
 
 
 @pytest.mark.parametrize(
-    "static", [make_scheme(4, 8, -1, static_act=True), make_scheme(4, 8, 128, static_act=True), make_scheme(8, 8, 64, static_act=True)]
+    "static", [make_scheme(4, 8, -1, static_act=True), make_scheme(4, 8, 128, static_act=True), make_scheme(4, 8, 64, static_act=True)]
 )
 def test_static_scheme_names_round_trip(static):
     """The names make_scheme gives static-activation checkpoint layers (qfuse info prints them) are accepted back."""
