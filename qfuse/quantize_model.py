@@ -20,7 +20,7 @@ from .calibration.recipe import check_recipe, parse_recipe
 from .eager_graphs import graph_blocks
 from .fused_projections import ProjectionSlice
 from .linear import QuantLinear, check_quantizable
-from .moe import QuantMoE, sparse_moe_blocks
+from .moe import QuantMoE, check_moe_quantizable, sparse_moe_blocks
 from .norm import RMSNorm, check_convertible, is_convertible_rmsnorm
 from .schemes import Scheme, get_scheme, make_scheme, op_group_sizes
 
@@ -338,10 +338,24 @@ def _moe_replacements(
         )
     if any(not n for n, _ in blocks):
         raise ValueError("quantize_model: the model is itself a sparse-MoE block; convert it with qfuse.moe.QuantMoE.from_block(block, scheme)")
-    new = []
-    for name, block in blocks:
+    plan, refused = [], []
+    for name, block in blocks:  # every block checked before any is quantized (minutes on a large model)
         gate_up = block.experts.gate_up_proj
         s = _moe_scheme(scheme, gate_up.shape[2], gate_up.shape[1] // 2, group_fallback)
+        try:
+            check_moe_quantizable(gate_up, block.experts.down_proj, s, f"{_label(name)}.experts")
+        except (TypeError, ValueError) as e:
+            refused.append((name, e))
+        plan.append((name, block, s))
+    if refused:
+        names = ", ".join(_label(n) for n, _ in refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+        error = type(refused[0][1])
+        raise error(
+            f"quantize_model: {len(refused)} sparse-MoE block(s) cannot take {scheme.name} ({names}): {refused[0][1]}; "
+            "keep them in floating point with ignore=[<block name>, ...]"
+        )
+    new = []
+    for name, block, s in plan:
         if s is not scheme:
             warnings.warn(
                 f"quantize_model: {_label(name)}.experts run {s.name}: group_size={scheme.group_size} does not divide their sizes",

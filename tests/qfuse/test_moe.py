@@ -226,6 +226,13 @@ def test_refusals():
     assert not isinstance(_block(model), QuantMoE)  # left unchanged
 
 
+def test_blocks_that_cannot_take_the_scheme_are_named_together_before_any_work():
+    model = tiny_moe_model("mixtral", hidden=96, intermediate=80, layers=2)  # no group of fused_moe divides 80 and 96
+    with pytest.raises(ValueError, match=r"2 sparse-MoE block\(s\) cannot take W4A16 \(model\.layers\.0\.mlp, model\.layers\.1\.mlp\).*ignore="):
+        qfuse.quantize_model(model, "W4A16", progress=False)
+    assert not any(isinstance(m, (QuantMoE, QuantLinear)) for m in model.modules())  # left unchanged
+
+
 def test_meta_block_gives_meta_buffers():
     with torch.device("meta"):
         block = _block(tiny_moe_model("qwen3_moe"))
