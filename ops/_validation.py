@@ -84,6 +84,7 @@ def check_bias(op: str, bias, n: int, dtype: torch.dtype) -> None:
     check_tensor(op, "bias", bias)
     check_shape(op, "bias", bias, (n,), "one value per output feature")
     check_dtype(op, "bias", bias, dtype)
+    check_contiguous(op, "bias", bias)  # the CUDA kernels read it with unit stride
 
 
 # Value checks. Unlike the checks above these read data: a pass over the tensor

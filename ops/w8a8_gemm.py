@@ -67,6 +67,7 @@ def check_weight_scale(op: str, w_scale: Tensor, n: int) -> None:
     check_dtype(op, "w_scale", w_scale, torch.float32)
     if tuple(w_scale.shape) not in ((n,), (1,)):
         raise ValueError(f"qfuse.{op}: w_scale must have shape ({n},) (per-channel) or (1,) (per-tensor), got {tuple(w_scale.shape)}")
+    check_contiguous(op, "w_scale", w_scale)  # the CUDA kernels read it with unit stride
 
 
 def check_w8a8_args(xq, x_scale, wq, w_scale, bias, out_dtype) -> tuple[int, int, int]:

@@ -156,6 +156,9 @@ def check_fused_moe_args(
     weight_bits, act_bits, group_size, w13_act_perm=None,
 ) -> tuple[int, int, int, int]:  # fmt: skip
     """Validate every argument of ``fused_moe`` (metadata only); return (M, H, I, E)."""
+    # the format selectors as ints: under torch.compile the fake kernel may get SymInts (a function
+    # compiled for two formats), which do not hash for the FORMATS lookups; int() specializes on them
+    weight_bits, act_bits, group_size = int(weight_bits), int(act_bits), int(group_size)
     check_tensor(OP, "x", x)
     check_tensor(OP, "router_logits", router_logits)
     check_dtype(OP, "x", x, ACT_DTYPES)

@@ -68,6 +68,10 @@ def test_rejects_bad_input():
     xq, xs, hf = random_int8(2, 256), torch.rand(2, 1), torch.float16
     with pytest.raises(ValueError, match="group_size must be -1 .per-channel., 128, 64 or 32"):
         op(xq, xs, qw, ws, gs, None, 96, hf)
+    with pytest.raises(ValueError, match="w_scale must be contiguous"):
+        op(xq, xs, qw, ws.repeat(2)[::2], gs, None, 128, hf)
+    with pytest.raises(ValueError, match="bias must be contiguous"):
+        op(xq, xs, qw, ws, gs, torch.zeros(16, dtype=hf)[::2], 128, hf)
     with pytest.raises(ValueError, match=r"group_scale must have shape \(8, 4\)"):
         op(xq, xs, qw, ws, gs, None, 64, hf)
     with pytest.raises(ValueError, match="needs group_scale"):

@@ -80,6 +80,13 @@ def test_rejects_bad_input():
         op(torch.empty(1, 131072, dtype=torch.int8), torch.rand(1, 1), torch.empty(8, 131072, dtype=torch.int8), ws, None, bf)
     with pytest.raises(ValueError, match="must be contiguous"):
         op(xq, xs, random_int8(32, 8).t(), ws, None, bf)
+    # the CUDA kernels read scales and bias with unit stride: a strided or expanded one read wrong values
+    with pytest.raises(ValueError, match="w_scale must be contiguous"):
+        op(xq, xs, wq, torch.rand(1).expand(8), None, bf)
+    with pytest.raises(ValueError, match="w_scale must be contiguous"):
+        op(xq, xs, wq, torch.rand(16)[::2], None, bf)
+    with pytest.raises(ValueError, match="bias must be contiguous"):
+        op(xq, xs, wq, ws, torch.zeros(16, dtype=bf)[::2], bf)
 
 
 @pytest.mark.parametrize(("m", "n"), [(0, 24), (3, 0)])

@@ -81,6 +81,8 @@ def test_rejects_bad_input():
         op(x, qw.t().contiguous().t(), s, z, b, 4, 64)
     with pytest.raises(ValueError, match=r"bias must have shape \(16,\)"):
         op(x, qw, s, z, b[:8], 4, 64)
+    with pytest.raises(ValueError, match="bias must be contiguous"):  # the CUDA kernels read it with unit stride
+        op(x, qw, s, z, b.repeat(2)[::2], 4, 64)
     with pytest.raises(TypeError, match="x must be float16 or bfloat16, got float32"):
         op(x.float(), qw, s, z, b, 4, 64)
     with pytest.raises(ValueError, match="scales is on meta but x is on cpu"):

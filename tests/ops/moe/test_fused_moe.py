@@ -159,6 +159,16 @@ def test_opcheck(fmt):
     torch.library.opcheck(torch.ops.qfuse.fused_moe.default, (x, logits, 2, True, *args))
 
 
+def test_compiles_with_the_format_as_symbolic_ints():
+    """One compiled function called with two formats: Dynamo makes the changed int arguments
+    symbolic, and the fake kernel must take them (SymInts do not hash)."""
+    torch._dynamo.reset()
+    call = torch.compile(lambda x, logits, *args: torch.ops.qfuse.fused_moe(x, logits, 2, True, *args), fullgraph=True, backend="aot_eager")
+    for fmt in ("W4A16_G32", "W8A16_ASYM_G32", "W4A16_G32"):
+        x, logits, args = make_moe(fmt, 3, 64, 32, 4, torch.bfloat16)
+        assert torch.equal(call(x, logits, *args), torch.ops.qfuse.fused_moe(x, logits, 2, True, *args)), fmt
+
+
 def _args(fmt="W4A16_G32", m=3, h=64, i=32, e=4, dtype=torch.float16):
     x, logits, args = make_moe(fmt, m, h, i, e, dtype)
     return [x, logits, 2, True, *args]
