@@ -130,6 +130,20 @@ def quantize_int8_row(v, scale, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def nan_maximum(a, b):
+    """``torch.maximum``: NaN if either is NaN. ``tl.maximum`` and ``tl.max`` default to PTX
+    ``max.f32``, which returns the other operand: a NaN activation would get a finite scale."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def nan_max(x, axis):
+    """``torch.amax`` over ``axis``: NaN if any element is NaN (see :func:`nan_maximum`)."""
+    return tl.reduce(x, axis, nan_maximum)
+
+
+@triton.jit
 def per_token_scale(amax):
-    """``max(amax, 1e-10) / 127`` in float32 with IEEE division."""
-    return div_rn(tl.maximum(amax, 1e-10), 127.0)
+    """``max(amax, 1e-10) / 127`` in float32 with IEEE division; a NaN ``amax`` stays NaN (as the
+    reference's ``clamp(min=1e-10)``), so a row holding NaN gets a NaN scale and NaN outputs."""
+    return tl.where(amax != amax, amax, div_rn(tl.maximum(amax, 1e-10), 127.0))

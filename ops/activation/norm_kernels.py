@@ -133,7 +133,9 @@ def _rms_norm_kernel(
                 sf = _load_s(x_ptr + base, res_ptr + base, idx, mask, HAS_RESIDUAL, DTYPE, INTERPRET).to(tl.float32)
                 o = _normalize(sf, inv, w_ptr, idx, mask, DTYPE, INTERPRET)
                 amax = tl.maximum(amax, tl.abs(o.to(tl.float32)))
-            scale = per_token_scale(tl.max(tl.max(amax, axis=1), axis=0))
+            # max.f32 drops NaN, and amax starts at 0: a row holding NaN (so a NaN sum of squares,
+            # and every output NaN) gets a NaN scale as in the reference, not 1e-10 / 127
+            scale = tl.where(inv != inv, inv, per_token_scale(tl.max(tl.max(amax, axis=1), axis=0)))
             for start in range(0, H, BLOCK):
                 idx = start + offs
                 mask = idx < H

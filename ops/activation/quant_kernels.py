@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._exact_triton import interpreting, next_power_of_2, per_token_scale, quantize_int8, quantize_int8_row
+from .._exact_triton import interpreting, nan_max, nan_maximum, next_power_of_2, per_token_scale, quantize_int8, quantize_int8_row
 from .._launch import launch
 
 # Rows up to this many elements stay in registers: 32768 fp32 over 32 warps is
@@ -65,15 +65,15 @@ def _quant_per_token_kernel(x_ptr, q_ptr, scale_ptr, H, BLOCK: tl.constexpr, SIN
     if SINGLE:
         mask = offs < H
         v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        scale = per_token_scale(tl.max(tl.abs(v), axis=0))
+        scale = per_token_scale(nan_max(tl.abs(v), 0))
         tl.store(q_row + offs, quantize_int8_row(v, scale, INTERPRET), mask=mask)
     else:
         amax_acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, H, BLOCK):
             mask = start + offs < H
             v = tl.load(x_row + start + offs, mask=mask, other=0.0).to(tl.float32)
-            amax_acc = tl.maximum(amax_acc, tl.abs(v))
-        scale = per_token_scale(tl.max(amax_acc, axis=0))
+            amax_acc = nan_maximum(amax_acc, tl.abs(v))
+        scale = per_token_scale(nan_max(amax_acc, 0))
         for start in range(0, H, BLOCK):
             mask = start + offs < H
             v = tl.load(x_row + start + offs, mask=mask, other=0.0).to(tl.float32)

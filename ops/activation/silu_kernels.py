@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .._autotune import m_bucket, pick_config
-from .._exact_triton import div_rn, exp_f32, interpreting, per_token_scale, quantize_int8_row, to_act_dtype
+from .._exact_triton import div_rn, exp_f32, interpreting, nan_max, nan_maximum, per_token_scale, quantize_int8_row, to_act_dtype
 from .._launch import launch
 from .quant_kernels import MAX_ROW_BLOCK, device_guard, row_config
 
@@ -57,7 +57,7 @@ def _silu_and_mul_kernel(
         h = _silu_mul(g_ptr + base, u_ptr + base, offs, mask, DTYPE, INTERPRET)
         if QUANT:
             hf = h.to(tl.float32)
-            scale = per_token_scale(tl.max(tl.abs(hf), axis=0))
+            scale = per_token_scale(nan_max(tl.abs(hf), 0))
             tl.store(q_ptr + base + offs, quantize_int8_row(hf, scale, INTERPRET), mask=mask)
             tl.store(scale_ptr + tl.program_id(0), scale)
         else:
@@ -67,8 +67,8 @@ def _silu_and_mul_kernel(
         for start in range(0, H, BLOCK):
             idx = start + offs
             mask = idx < H
-            amax = tl.maximum(amax, tl.abs(_silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET).to(tl.float32)))
-        scale = per_token_scale(tl.max(amax, axis=0))
+            amax = nan_maximum(amax, tl.abs(_silu_mul(g_ptr + base, u_ptr + base, idx, mask, DTYPE, INTERPRET).to(tl.float32)))
+        scale = per_token_scale(nan_max(amax, 0))
         for start in range(0, H, BLOCK):
             idx = start + offs
             mask = idx < H
@@ -91,7 +91,7 @@ def _silu_mul_chunk_kernel(g_ptr, u_ptr, h_ptr, amax_ptr, H, S, BLOCK: tl.conste
     mask = idx < H
     h = _silu_mul(g_ptr + row * H, u_ptr + row * H, idx, mask, DTYPE, INTERPRET)  # 0 past H
     tl.store(h_ptr + row * H + idx, h, mask=mask)
-    tl.store(amax_ptr + row * S + tl.program_id(1), tl.max(tl.abs(h.to(tl.float32)), axis=0))
+    tl.store(amax_ptr + row * S + tl.program_id(1), nan_max(tl.abs(h.to(tl.float32)), 0))
 
 
 @triton.jit
@@ -100,7 +100,7 @@ def _quant_chunk_kernel(h_ptr, amax_ptr, q_ptr, scale_ptr, H, S, BLOCK: tl.const
     in any order), then chunk s quantized."""
     row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, S_BLOCK)
-    amax = tl.max(tl.load(amax_ptr + row * S + offs_s, mask=offs_s < S, other=0.0), axis=0)
+    amax = nan_max(tl.load(amax_ptr + row * S + offs_s, mask=offs_s < S, other=0.0), 0)
     scale = per_token_scale(amax)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < H

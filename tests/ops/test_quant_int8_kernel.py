@@ -153,3 +153,16 @@ def test_gpu_per_token_cuda_graph_capture():
     x.copy_(torch.randn(16, 4096, device="cuda").bfloat16())
     g.replay()
     _assert_same((q, s), quant_per_token_int8_ref(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", (4096, 4097, 40000))  # one block, a ragged block, the chunked path
+def test_gpu_per_token_nan_row_gets_a_nan_scale(h):
+    """PTX max.f32 (Triton's default max) returns the other operand of a NaN: the row's scale must
+    stay NaN, as the reference's, so the GEMM after it gives NaN instead of finite garbage."""
+    x = torch.randn(3, h, device="cuda").to(torch.bfloat16)
+    x[1, h // 3] = float("nan")
+    q, s = torch.ops.qfuse.quant_per_token_int8(x)
+    qr, sr = quant_per_token_int8_ref(x)
+    assert torch.isnan(s[1]).all() and torch.isnan(sr[1]).all()
+    assert torch.equal(s[[0, 2]], sr[[0, 2]]) and torch.equal(q[[0, 2]], qr[[0, 2]])

@@ -164,3 +164,12 @@ def test_gpu_cuda_graph_capture():
     g.replay()
     qr, sr = silu_and_mul_quant_ref(gate, up)
     assert torch.equal(q, qr) and torch.equal(s, sr)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", (4096, 4097, 40000))
+def test_gpu_nan_row_gets_a_nan_scale(h):
+    gate, up = _inputs((3, h), torch.bfloat16, "cuda")
+    gate[1, h // 3] = float("nan")
+    _, s = torch.ops.qfuse.silu_and_mul_quant(gate, up)
+    assert torch.isnan(s[1]).all() and torch.isfinite(s[[0, 2]]).all()
