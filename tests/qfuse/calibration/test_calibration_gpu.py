@@ -28,6 +28,9 @@ RECIPES = {
 # products; weight-only ones differ by the bf16 kernels' accumulation order. A wrong layout,
 # scale or lost permutation gives errors near 1.
 MAX_REL = 0.02
+# Against the float model, the bounds the CPU tests hold round to nearest to (test_quantize_model's
+# MAX_REL_ERR; calibration only lowers them) and SmoothQuant's static scales to (test_pipeline.py)
+MAX_REL_TO_FLOAT = {"W8A16": 0.04, "W8A8": 0.04, "W8A8_STATIC": 0.05, "W4A16": 0.33, "W4A16_ASYM": 0.33, "W4A8": 0.33, "W4A8_G128": 0.33}
 
 
 @pytest.mark.parametrize("scheme", list(RECIPES))
@@ -45,4 +48,4 @@ def test_kernels_match_the_fake_quant_simulation(scheme):
         b = simulation(ids).logits.float()
         ref = base(ids).logits.float()
     assert rel_err(a, b) < MAX_REL
-    assert rel_err(a, ref) < 1.0  # and it is still the model
+    assert rel_err(a, ref) < MAX_REL_TO_FLOAT[scheme], rel_err(a, ref)  # and it is still the model
