@@ -63,13 +63,35 @@ def test_kernel_every_tuning_candidate_gives_the_same_codes():
 
     gate, up = _inputs((2, 4100), torch.float16)
     cands = quant_candidates(4100)
-    assert len(cands) == 5 and cands[0]["SINGLE"] and not cands[2]["SINGLE"]
-    assert [c["BLOCK"] for c in cands if c.get("SPLIT_ROW")] == [1024, 2048]  # 5 and 3 chunks of 4100
+    assert len(cands) == 5 and cands[2]["SINGLE"] and not cands[4]["SINGLE"]
+    # split rows first (the untuned pick past H = 2048): 1024-wide at decode M, 2048-wide past M = 16
+    assert [c["BLOCK"] for c in cands if c.get("SPLIT_ROW")] == [1024, 2048] and cands[0].get("SPLIT_ROW")  # 5 and 3 chunks of 4100
+    assert [c["BLOCK"] for c in quant_candidates(4100, 2048)[:2]] == [2048, 1024]
+    assert quant_candidates(2048)[0]["SINGLE"]
     ref = silu_and_mul_quant_triton(gate, up)
+    # the gate and up halves of one stacked projection's output: views with a row stride of 2H
+    gate_up = torch.cat([gate, up], dim=-1)
     for cfg in cands:
-        q, s = torch.empty_like(gate, dtype=torch.int8), torch.empty(2, 1)
-        _run(gate, up, None, q, s, 2, 4100, True, cfg)
-        assert torch.equal(q, ref[0]) and torch.equal(s, ref[1]), cfg
+        for g, u in ((gate, up), (gate_up[:, :4100], gate_up[:, 4100:])):
+            q, s = torch.empty_like(gate, dtype=torch.int8), torch.empty(2, 1)
+            _run(g, u, None, q, s, 2, 4100, True, cfg)
+            assert torch.equal(q, ref[0]) and torch.equal(s, ref[1]), cfg
+
+
+@pytest.mark.parametrize("max_row_block", [32768, 64])  # one block, the chunked walk
+def test_kernel_reads_row_strided_halves_in_place(max_row_block):
+    """Each half of a [1, M, 2H] gate_up output is read in place (no copy), 3-D included; a view
+    whose leading dimensions no row stride spans is copied first."""
+    from qfuse.ops.activation.silu_kernels import _rows
+
+    gate_up = torch.randn(1, 5, 2 * 130).to(torch.bfloat16)
+    gate, up = gate_up[..., :130], gate_up[..., 130:]
+    assert _rows(gate).data_ptr() == gate_up.data_ptr() and _rows(up).stride() == (260, 1)
+    ref = silu_and_mul_quant_ref(gate, up)
+    assert_codes_close(*silu_and_mul_quant_triton(gate, up, max_row_block), *ref, "silu_and_mul_quant")
+    assert_within_ulps(silu_and_mul_triton(gate, up, max_row_block), silu_and_mul_ref(gate, up), "silu_and_mul")
+    odd = torch.randn(3, 4, 2 * 130).to(torch.bfloat16).transpose(0, 1)[..., :130]  # [4, 3, H]: no single row stride
+    assert _rows(odd).is_contiguous() and torch.equal(_rows(odd), odd.reshape(-1, 130))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # numpy, inside the interpreter
@@ -147,7 +169,7 @@ def test_gpu_every_tuning_candidate(m, h, dtype):
 
     gate, up = _inputs((m, h), dtype, "cuda")
     qr, sr = silu_and_mul_quant_ref(gate, up)
-    for cfg in quant_candidates(h):
+    for cfg in quant_candidates(h, m):
         q, s = torch.empty_like(gate, dtype=torch.int8), torch.empty(m, 1, device="cuda")
         _run(gate, up, None, q, s, m, h, True, cfg)
         assert torch.equal(q, qr) and torch.equal(s, sr), cfg
@@ -173,3 +195,14 @@ def test_gpu_nan_row_gets_a_nan_scale(h):
     gate[1, h // 3] = float("nan")
     _, s = torch.ops.qfuse.silu_and_mul_quant(gate, up)
     assert torch.isnan(s[1]).all() and torch.isfinite(s[[0, 2]]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", (1, 16, 2048))
+def test_gpu_row_strided_halves(m):
+    """The two halves of a stacked gate_up projection's output, read in place by the CUDA op."""
+    gate_up = (torch.randn(m, 2 * 14336, device="cuda") * 3).to(torch.bfloat16)
+    gate, up = gate_up[:, :14336], gate_up[:, 14336:]
+    q, s = torch.ops.qfuse.silu_and_mul_quant(gate, up)
+    qr, sr = silu_and_mul_quant_ref(gate, up)
+    assert torch.equal(q, qr) and torch.equal(s, sr)
