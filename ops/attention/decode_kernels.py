@@ -101,7 +101,10 @@ def _decode_attention_kernel(
         elif MASK_KIND == 2:
             mv = tl.load(m_base + n[None, :] * sm_s, mask=visible, other=float("-inf")).to(tl.float32)
             visible = visible & (mv > float("-inf"))
-            bias = tl.where(visible, mv * LOG2E, float("-inf"))
+            # finite masks as transformers builds them (finfo.min, -3.4e38 in float32) times log2(e)
+            # overflow to -inf, and a row whose keys all carry it would see none (output 0, where the
+            # reference averages them); clamped above NO_MAX the row's keys stay comparable
+            bias = tl.where(visible, tl.maximum(mv, -1.0e29) * LOG2E, float("-inf"))
         else:
             bias = tl.where(visible, 0.0, float("-inf"))
         if tl.max(visible.to(tl.int32)) > 0:

@@ -88,6 +88,18 @@ def test_query_with_no_visible_key_gives_zeros_like_the_reference():
         _check(out, decode_attention_ref(q, k, v, mask, 0.2))
 
 
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+def test_finite_min_masks_as_transformers_builds_them(dtype):
+    """transformers masks with finfo(dtype).min, not -inf: times log2(e) it overflowed to -inf, so
+    a row whose keys all carry it saw no key (zeros) where the reference and SDPA average them."""
+    q, k, v = _inputs(2, 4, 2, 1, 150, 32, dtype)
+    mask = torch.zeros(2, 1, 1, 150, dtype=dtype)
+    mask[0, ..., 100:] = torch.finfo(dtype).min  # some keys hidden
+    mask[1] = torch.finfo(dtype).min  # every key
+    for splits in (1, 3):
+        _check(decode_attention_triton(q, k, v, mask, 0.2, splits=splits), decode_attention_ref(q, k, v, mask, 0.2))
+
+
 def test_non_unit_stride_head_dim_is_copied_first():
     q, k, v = _inputs(1, 4, 2, 1, 40, 32, torch.bfloat16)
     k_strided = torch.empty(1, 2, 40, 64, dtype=torch.bfloat16)[..., ::2].copy_(k)
