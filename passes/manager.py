@@ -143,6 +143,15 @@ class QfusePostGradPass(CustomGraphPass):
     def __repr__(self) -> str:
         return f"QfusePostGradPass({self.config!r})"
 
+    # equal passes for equal settings: transformers compiles generate's step again whenever the
+    # call's CompileConfig differs from the last one, so qfuse.compile_config() made per call
+    # recompiled every call (and failed at Dynamo's recompile limit)
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and self.config == other.config and self.then == other.then
+
+    def __hash__(self) -> int:
+        return hash((type(self), repr(self.config)))
+
 
 def inductor_options(config: PassConfig | None = None, *, then=None, **config_fields) -> dict:
     """Options for ``torch.compile(model, options=qfuse.passes.inductor_options())``.

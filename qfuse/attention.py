@@ -37,6 +37,8 @@ def _decode_sized(module, query, key, value, attention_mask, dropout, is_causal,
         return False
     if dropout or kwargs.get("output_attentions") or any(kwargs.get(k) is not None for k in _UNSUPPORTED_KWARGS):
         return False
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False  # the op has no backward: training, or a model called without no_grad, takes SDPA
     if key.shape != value.shape or query.shape[1] % key.shape[1] != 0:
         return False
     tokens = query.shape[2]

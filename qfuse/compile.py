@@ -19,6 +19,7 @@ steps compiled, the prompt's prefill eager, as transformers does).
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -106,11 +107,16 @@ def _generate_compiled(generate, config):
     """``generate`` with a static cache and ``config`` unless the call names its own (as an argument
     or in its ``generation_config``)."""
 
+    signature = inspect.signature(generate)
+
     @functools.wraps(generate)
     def generate_with_compiled_steps(*args, **kwargs):
-        generation_config = kwargs.get("generation_config")
+        try:  # generation_config may come positionally (generate(inputs, generation_config, ...))
+            generation_config = signature.bind_partial(*args, **kwargs).arguments.get("generation_config")
+        except TypeError:
+            generation_config = kwargs.get("generation_config")
         if kwargs.get("cache_implementation") is None and getattr(generation_config, "cache_implementation", None) is None:
-            if kwargs.get("past_key_values") is None:
+            if kwargs.get("past_key_values") is None and kwargs.get("cache") is None:  # transformers 5 names it cache
                 kwargs["cache_implementation"] = "static"
         if getattr(generation_config, "compile_config", None) is None:
             kwargs.setdefault("compile_config", config)

@@ -119,6 +119,23 @@ def test_which_calls_take_the_op(q_shape, mask_shape, extra, expected):
     assert _decode_sized(_Module(), q, k, k, mask, dropout, None, extra) is expected
 
 
+def test_grad_mode_takes_sdpa():
+    """The op has no backward: a padded batch in grad mode (training, or a model called without
+    no_grad) goes to SDPA, and its loss backpropagates."""
+    q = _q(2, 8, 1, dtype=torch.bfloat16).requires_grad_()
+    k = torch.randn(2, 2, 30, 64).to(torch.bfloat16)
+    mask = torch.ones(2, 1, 1, 30, dtype=torch.bool)
+    assert not _decode_sized(_Module(), q, k, k, mask, 0.0, None, {})
+    with torch.no_grad():
+        assert _decode_sized(_Module(), q, k, k, mask, 0.0, None, {})
+    model = use_decode_attention(tiny_hf_model("llama", layers=1))
+    ids = torch.randint(0, 256, (2, 5))
+    attention_mask = torch.ones(2, 5, dtype=torch.long)
+    attention_mask[1, :2] = 0  # left padding: a 4-D mask
+    model(ids, attention_mask=attention_mask, labels=ids).loss.backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
+
+
 def test_switch_and_undo():
     model = tiny_hf_model("qwen2")
     assert use_decode_attention(model) is model and model.config._attn_implementation == NAME

@@ -13,7 +13,7 @@ from transformers import CompileConfig, GenerationConfig
 
 import qfuse
 from qfuse.passes import counters, reset_counters
-from qfuse.passes.manager import QfusePostGradPass
+from qfuse.passes.manager import PassConfig, QfusePostGradPass
 
 
 class _Recorder(torch.nn.Module):
@@ -27,8 +27,8 @@ class _Recorder(torch.nn.Module):
     def forward(self, x):
         return self.lin(x)
 
-    def generate(self, ids, **kwargs):
-        self.calls.append(kwargs)
+    def generate(self, ids, generation_config=None, **kwargs):  # as transformers' generate(inputs, generation_config, ...)
+        self.calls.append(kwargs if generation_config is None else {**kwargs, "generation_config": generation_config})
         return ids
 
 
@@ -139,3 +139,23 @@ def test_passes_off_takes_any_backend():
     torch.testing.assert_close(out, model(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match="backend='inductor'"):
         qfuse.compile(model, backend="eager")
+
+
+def test_generate_defaults_stand_aside_for_a_cache_or_a_positional_config():
+    model = _Recorder()
+    compiled = qfuse.compile(model)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    compiled.generate(ids, cache="a cache")  # transformers 5's name for past_key_values
+    assert "cache_implementation" not in model.calls[-1]
+    own = GenerationConfig(cache_implementation="dynamic", compile_config=CompileConfig(backend="eager"))
+    compiled.generate(ids, own)  # positionally, as generate(inputs, generation_config)
+    assert model.calls[-1] == {"generation_config": own}
+
+
+def test_compile_configs_of_the_same_settings_are_equal():
+    """transformers compiles generate's step again when the call's CompileConfig differs from the
+    last one: a qfuse.compile_config() made per call must equal the previous one."""
+    assert qfuse.compile_config() == qfuse.compile_config()
+    assert QfusePostGradPass() == QfusePostGradPass() and hash(QfusePostGradPass()) == hash(QfusePostGradPass())
+    assert qfuse.compile_config() != qfuse.compile_config(passes=False)
+    assert qfuse.compile_config(pass_config=PassConfig(dedup_quant=False)) != qfuse.compile_config()
