@@ -21,12 +21,16 @@ float accumulation (weight-only schemes, bf16) the stacked shape may run another
 and round differently in the last bits (on the CPU reference kernels here it was bit-equal).
 
 Works on ``QuantLinear`` groups of one scheme (after ``quantize_model`` or ``from_pretrained``)
-and on float ``nn.Linear`` groups (the bf16 baseline). ``save_quantized`` writes the members
-under their own names (what serving engines load); ``unfuse_projections`` restores them.
+and on float ``nn.Linear`` groups (the bf16 baseline). The model's ``state_dict`` gives the
+members' entries under their own names (views of the stacked rows; a member keeps its own bias
+or none), and ``load_state_dict`` takes them, so transformers' ``save_pretrained`` writes what the
+unfused architecture loads; ``save_quantized`` writes the members too (what serving engines
+load); ``unfuse_projections`` restores them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 
@@ -53,9 +57,10 @@ class ProjectionSlice(nn.Module):
     """Columns ``[start, start + out_features)`` of the stacked layer ``parent.<fused_name>``
     (looked up at each call, so a stacked layer swapped for another, e.g. quantized, is used)."""
 
-    def __init__(self, parent: nn.Module, fused_name: str, index: int, sizes: tuple[int, ...], pending: _Pending):
+    def __init__(self, parent: nn.Module, fused_name: str, index: int, sizes: tuple[int, ...], pending: _Pending, has_bias: bool = True):
         super().__init__()
         self.fused_name, self.index, self.sizes = fused_name, index, sizes
+        self.has_bias = has_bias  # the member's own; the stacked layer has zeros for a member without one
         self.start, self.out_features = sum(sizes[:index]), sizes[index]
         self.in_features = getattr(parent, fused_name).in_features
         # plain attributes: the parent is not a child (no cycle in modules() / state_dict)
@@ -82,16 +87,31 @@ class ProjectionSlice(nn.Module):
 
     def layer(self) -> nn.Module:
         """This member as a standalone layer: a QuantLinear of views (``QuantLinear.rows``) or an
-        ``nn.Linear`` of copies of the stacked layer's rows."""
+        ``nn.Linear`` of copies of the stacked layer's rows; a bias only if the member had one."""
         fused, stop = self.fused, self.start + self.out_features
+        bias = fused.bias is not None and getattr(self, "has_bias", True)
         if isinstance(fused, QuantLinear):
-            return fused.rows(self.start, stop)
-        lin = nn.Linear(self.in_features, self.out_features, bias=fused.bias is not None, device=fused.weight.device, dtype=fused.weight.dtype)
+            layer = fused.rows(self.start, stop)
+            if not bias:
+                layer.register_buffer("bias", None)
+            return layer
+        lin = nn.Linear(self.in_features, self.out_features, bias=bias, device=fused.weight.device, dtype=fused.weight.dtype)
         with torch.no_grad():
             lin.weight.copy_(fused.weight[self.start : stop])
-            if fused.bias is not None:
+            if bias:
                 lin.bias.copy_(fused.bias[self.start : stop])
-        return lin
+        return lin.requires_grad_(fused.weight.requires_grad)
+
+    def state(self) -> dict[str, Tensor]:
+        """This member's entries of a state_dict: views of the stacked layer's rows (the member's bias
+        only if it had one)."""
+        fused, stop = self.fused, self.start + self.out_features
+        if isinstance(fused, QuantLinear):
+            return self.layer().state_dict()
+        out = {"weight": fused.weight.detach()[self.start : stop]}
+        if fused.bias is not None and getattr(self, "has_bias", True):
+            out["bias"] = fused.bias.detach()[self.start : stop]
+        return out
 
     def extra_repr(self) -> str:
         return f"{self.fused_name}[:, {self.start}:{self.start + self.out_features}]"
@@ -134,12 +154,59 @@ def fuse_projections(model: nn.Module) -> nn.Module:
                 continue
             parent.add_module(fused_name, stacked)
             pending, sizes = _Pending(), tuple(m.out_features for m in layers)
-            for i, n in enumerate(names):
-                setattr(parent, n, ProjectionSlice(parent, fused_name, i, sizes, pending))
+            for i, (n, m) in enumerate(zip(names, layers)):
+                setattr(parent, n, ProjectionSlice(parent, fused_name, i, sizes, pending, m.bias is not None))
+            parent._register_state_dict_hook(functools.partial(_member_entries, fused_name=fused_name, names=names))
+            parent._register_load_state_dict_pre_hook(functools.partial(_stacked_entries, fused_name=fused_name, names=names), with_module=True)
             fused += 1
     if not fused:
         warnings.warn("fuse_projections: no q/k/v or gate/up group to stack in this model", stacklevel=2)
     return model
+
+
+def _member_entries(module, state_dict, prefix, local_metadata, fused_name, names):
+    """state_dict hook of a fused parent: the stacked layer's entries given as its members' (the
+    names the model's architecture and other tools load), views of its rows."""
+    stacked = f"{prefix}{fused_name}."
+    for key in [k for k in state_dict if k.startswith(stacked)]:
+        del state_dict[key]
+    for n in names:
+        state_dict.update({f"{prefix}{n}.{k}": v for k, v in getattr(module, n).state().items()})
+
+
+def _stacked_entries(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs, fused_name, names):
+    """load_state_dict pre-hook of a fused parent: members' entries (a state_dict of this model or of
+    the unfused architecture) stacked into the stacked layer's."""
+    stacked = f"{prefix}{fused_name}."
+    if any(k.startswith(stacked) for k in state_dict):
+        return
+    fused = getattr(module, fused_name)
+    slices = [getattr(module, n) for n in names]
+    for key, target in fused.state_dict(keep_vars=True).items():
+        member_keys = [f"{prefix}{n}.{key}" for n in names]
+        parts = [state_dict.get(k) for k in member_keys]
+        per_row = key == "weight" or key == "bias" or (isinstance(fused, QuantLinear) and fused._per_row(key))
+        if all(p is None for p in parts) or (key != "bias" and any(p is None for p in parts)):
+            continue  # load_state_dict names the stacked entry missing and the members' unexpected
+        for k in member_keys:
+            state_dict.pop(k, None)
+        if not per_row:  # the input permutation, a static input scale: one for every member
+            state_dict[stacked + key] = parts[0]
+            continue
+        rows = []
+        for p, sl in zip(parts, slices):
+            if p is None:  # a member without a bias: zeros in the stacked one
+                p = target.new_zeros(sl.out_features)
+            elif p.shape[0] != sl.out_features:  # a member's per-tensor weight scale, per row in the stack
+                p = p.expand(sl.out_features, *p.shape[1:])
+            rows.append(p.to(target.device))
+        state_dict[stacked + key] = torch.cat(rows)
+
+
+def _drop_hooks(parent: nn.Module, fused_name: str) -> None:
+    for hooks in (parent._state_dict_hooks, parent._load_state_dict_pre_hooks):
+        for key in [k for k, h in hooks.items() if getattr(getattr(h, "hook", h), "keywords", {}).get("fused_name") == fused_name]:
+            del hooks[key]
 
 
 def unfuse_projections(model: nn.Module) -> nn.Module:
@@ -155,6 +222,7 @@ def unfuse_projections(model: nn.Module) -> nn.Module:
                     layer = QuantLinear.concat([layer])  # copies: the views would keep the whole stacked buffers alive
                 setattr(parent, n, layer)
             delattr(parent, fused_name)
+            _drop_hooks(parent, fused_name)
     return model
 
 

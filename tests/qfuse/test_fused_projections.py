@@ -166,6 +166,50 @@ def test_save_writes_the_members(scheme, ignore, tmp_path):
     assert isinstance(loaded.model.layers[0].self_attn.q_proj, qfuse.QuantLinear if ignore is None else nn.Linear)
 
 
+@pytest.mark.parametrize("scheme", [None, "W4A16", "W4A8_G128"])
+def test_state_dict_speaks_the_members_names(scheme, tmp_path):
+    """A fused model's state_dict holds q / k / v / gate / up entries, as the unfused architecture
+    does: transformers' save_pretrained then from_pretrained gives the same logits (the stacked
+    entries were unexpected keys, and the members left random), and a state_dict of either form
+    loads into a fused model."""
+    make = lambda: tiny_hf_model("llama") if scheme is None else qfuse.quantize_model(tiny_hf_model("llama"), scheme, progress=False)  # noqa: E731
+    model = make()
+    ids = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        ref = model(ids).logits
+    keys = sorted(model.state_dict())
+    plain = copy.deepcopy(model.state_dict())
+    qfuse.fuse_projections(model)
+    state = model.state_dict()
+    assert sorted(state) == keys and all(torch.equal(state[k], plain[k]) for k in keys)
+    if scheme is None:
+        model.save_pretrained(tmp_path)
+        reloaded = type(model).from_pretrained(tmp_path, dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(reloaded(ids).logits, ref)
+    for source in (state, plain):
+        twin = qfuse.fuse_projections(make())
+        with torch.no_grad():
+            for t in twin.state_dict(keep_vars=True).values():  # every stored tensor overwritten below
+                t.zero_()
+        twin.load_state_dict(copy.deepcopy(source))
+        assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values()))
+    assert sorted(qfuse.unfuse_projections(model).state_dict()) == keys
+
+
+def test_members_without_a_bias_stay_without_one():
+    """q alone with a bias: the stack has zeros for k and v, which neither unfuse nor the
+    state_dict turn into biases of their own."""
+    model = tiny_hf_model("llama", layers=1)
+    attn = model.model.layers[0].self_attn
+    attn.q_proj.bias = nn.Parameter(torch.randn(attn.q_proj.out_features).to(torch.bfloat16))
+    keys = sorted(model.state_dict())
+    qfuse.fuse_projections(model)
+    assert sorted(model.state_dict()) == keys
+    qfuse.unfuse_projections(model)
+    assert sorted(model.state_dict()) == keys and attn.k_proj.bias is None and attn.q_proj.bias is not None
+
+
 def test_quantize_and_load_refuse_a_fused_model_and_nothing_to_fuse_warns(tmp_path):
     model = qfuse.fuse_projections(tiny_hf_model("llama", layers=1))
     with pytest.raises(ValueError, match="fuse after quantize_model"):
