@@ -42,9 +42,9 @@ def run_demo(schemes: list[str] | None = None, *, compile_model: bool = True, dt
         "Its weights are random (normal, std 0.02): the errors show the mechanics of each scheme,\n"
         "not its accuracy on a trained model.\n"
     )
-    header = (
-        f"{'scheme':<11} {'max err':>8} {'mean err':>9} {'rel err':>8} {'compiled-eager':>15} {'fused':>6} {'weights':>10} {'vs bf16':>8} {'time':>6}"
-    )
+    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+    header = f"{'scheme':<11} {'max err':>8} {'mean err':>9} {'rel err':>8} {'compiled-eager':>15} {'fused':>6} {'weights':>10} {'vs ' + short:>8} {'time':>6}"
+    no_compiler = None
     print(header)
     print("-" * len(header))
     print(f"{dtype:<11} {0:>8.4f} {0:>9.5f} {0:>8.4f} {'-':>15} {'-':>6} {base_bytes / 2**20:>8.2f}MB {1:>7.2f}x {'-':>6}")
@@ -55,20 +55,26 @@ def run_demo(schemes: list[str] | None = None, *, compile_model: bool = True, dt
         with torch.inference_mode():
             out = model(ids).float()
             fused = "-"
-            if compile_model:
+            cdiff = "skipped" if no_compiler is None else "no C++ cc"
+            if compile_model and no_compiler is None:
                 from torch._inductor.utils import fresh_cache
 
                 from . import passes
 
                 torch._dynamo.reset()
                 passes.reset_counters()
-                with fresh_cache():  # a cache hit would run no pass and count no fusion
-                    compiled = qfuse_compile(model, fullgraph=True)(ids).float()
-                cdiff = f"{(compiled - out).abs().max().item():.2e}"
-                n_fused = sum(v for k, v in passes.counters.items() if k not in ("dedup_quant", "kept_float_output", "add_rms_norm"))
-                fused = str(n_fused) if not scheme.weight_only else "-"
-            else:
-                cdiff = "skipped"
+                try:
+                    with fresh_cache():  # a cache hit would run no pass and count no fusion
+                        compiled = qfuse_compile(model, fullgraph=True)(ids).float()
+                except Exception as e:  # Inductor's CPU code needs a C++ compiler: without one the rest still runs
+                    if "InvalidCxxCompiler" not in f"{type(e).__name__} {e}" and "C++ compiler" not in str(e):
+                        raise
+                    lines = [ln.strip() for ln in str(e).splitlines() if "compiler" in ln] or [type(e).__name__]
+                    no_compiler, cdiff = lines[0], "no C++ cc"
+                else:
+                    cdiff = f"{(compiled - out).abs().max().item():.2e}"
+                    n_fused = sum(v for k, v in passes.counters.items() if k not in ("dedup_quant", "kept_float_output", "add_rms_norm"))
+                    fused = str(n_fused) if not scheme.weight_only else "-"
         err = (out - ref).abs()
         rel = ((out - ref).norm() / ref.norm()).item()
         nbytes = _linear_weight_bytes(model)
@@ -80,6 +86,12 @@ def run_demo(schemes: list[str] | None = None, *, compile_model: bool = True, dt
         "\nweights: every quantized Linear's codes + scales (+ zero points); lm_head stays in "
         f"{dtype}.\ncompiled-eager: max |qfuse.compile(fullgraph=True) - eager| on the logits.\n"
         "fused: activation quantizations the fusion passes folded into the norm / SiLU-and-mul before them "
-        f"(3 per layer; the one before o_proj stays)."
+        "(3 per layer; the one before o_proj stays).\ntime: quantize, eager and compiled runs of the row (the first "
+        "compiled row includes torch.compile's start-up)."
     )
+    if no_compiler is not None:
+        print(
+            f"\nNot compiled: torch.compile's CPU code needs a C++ compiler ({no_compiler}); install one (e.g. g++) "
+            "for the compiled column, or pass --no-compile."
+        )
     return 0
