@@ -24,6 +24,7 @@ from .common import (
     builtin_model,
     calibrates,
     device_arg,
+    is_quantized_dir,
     load_any,
     load_builtin,
     positive_int,
@@ -67,8 +68,8 @@ def add_parser(sub) -> None:
     q.add_argument("--fake-quant", action="store_true", help="evaluate the calibration's own fake-quant simulation instead of qfuse's ops")
     t = p.add_argument_group("the accuracy table")
     t.add_argument("--table", action="store_true", help="every scheme x recipe; writes accuracy.csv / .md / .png to --out")
-    t.add_argument("--schemes", nargs="*", default=None, type=scheme_arg, help="table: these schemes only")
-    t.add_argument("--recipes", nargs="*", default=None, help="table: these recipes only")
+    t.add_argument("--schemes", nargs="+", default=None, type=scheme_arg, help="table: these schemes only")
+    t.add_argument("--recipes", nargs="+", default=None, help="table: these recipes only")
     t.add_argument("--out", type=Path, default=None, help="table: output directory")
     t.add_argument(
         "--jobs",
@@ -152,19 +153,21 @@ def run(args: argparse.Namespace) -> int:
     quantizing = bool(args.scheme or args.table)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     builtin = builtin_model(args.model)
+    if not builtin and not args.model.is_dir():
+        raise SystemExit(f"qfuse eval: {args.model}: no such directory (a model directory, or a built-in model: {', '.join(BUILTIN_MODELS)})")
+    if args.table and not builtin and is_quantized_dir(args.model):
+        raise SystemExit(f"qfuse eval: --table quantizes a float model, and {args.model} is already a quantized checkpoint")
+    try:  # before loading a model (a built-in one takes ~20 s)
+        text = args.text.read_text(encoding="utf-8") if args.text else default_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"qfuse eval: cannot read --text {args.text} as UTF-8 text ({e})") from None
     if builtin:
         model, tok = load_builtin(builtin, dtype or (torch.bfloat16 if quantizing else torch.float32), "eval")
     else:
-        if not args.model.is_dir():
-            raise SystemExit(f"qfuse eval: {args.model}: no such directory (a model directory, or a built-in model: {', '.join(BUILTIN_MODELS)})")
         try:
             tok = transformers.AutoTokenizer.from_pretrained(args.model, local_files_only=True)
         except (OSError, ValueError) as e:
             raise SystemExit(f"qfuse eval: no usable tokenizer in {args.model} ({e})") from None
-    try:
-        text = args.text.read_text(encoding="utf-8") if args.text else default_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SystemExit(f"qfuse eval: cannot read --text {args.text} as UTF-8 text ({e})") from None
     source = str(args.text) if args.text else "pydoc_data.topics"
     ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     try:

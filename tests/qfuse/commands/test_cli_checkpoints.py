@@ -44,6 +44,8 @@ def test_quantize_prints_memory_and_writes_a_servable_directory(float_model_dir,
 def test_quantize_refuses_a_quantized_directory(quantized_dir, tmp_path):
     with pytest.raises(SystemExit, match="is already a quantized checkpoint; start from the float model"):
         main(["quantize", str(quantized_dir), "--scheme", "W8A16", "--out", str(tmp_path / "again")])
+    with pytest.raises(SystemExit, match="--table quantizes a float model, and .* is already a quantized checkpoint"):
+        main(["eval", str(quantized_dir), "--ppl", "--table", "--out", str(tmp_path / "table")])
 
 
 def test_quantize_counts_the_embedding_a_quantized_tied_head_unties(tmp_path, capsys):
@@ -113,6 +115,7 @@ def test_errors_are_one_line(tmp_path, float_model_dir, capsys):
         (["quantize", "{model}", "--scheme", "W4A16", "--max-shard-size", "0", "--out", "{out}"], "must be a positive size"),
         (["eval", "{model}", "--ppl", "--scheme", "FOO"], "argument --scheme: unknown"),
         (["eval", "{model}", "--ppl", "--batch", "0"], "argument --batch: must be an integer >= 1, got '0'"),
+        (["eval", "{model}", "--ppl", "--table", "--out", "{out}", "--schemes"], "argument --schemes: expected at least one argument"),
         (["eval", "{model}", "--ppl", "--batch", "-1"], "argument --batch: must be an integer >= 1"),
         (["eval", "{model}", "--ppl", "--max-windows", "0"], "argument --max-windows: must be an integer >= 1"),
         (["eval", "{model}", "--ppl", "--device", "foo"], "argument --device"),
