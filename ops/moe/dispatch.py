@@ -7,7 +7,7 @@ Three families, in registry order (the untuned pick is the first offered config)
   int8 activations, fc2 with the routing-weight epilogue, the top-k sum. A config sets the
   sorting block ``BLOCK_M`` (shared by both GEMMs) and the tiles of both GEMMs. Configs by M
   bucket (each expert sees about M * top_k / E rows), after the tuned fused-MoE tables of vLLM /
-  SGLang for the H200 (shared/reference/kernel_anchors.md): decode (M bucket <= 32) BLOCK_M 16
+  SGLang for the H200: decode (M bucket <= 32) BLOCK_M 16
   with long K tiles; mid M 32-64 rows; large M 64-128 rows with 8 warps.
 * ``gemv`` (ops/moe/gemv.py), weight-only experts (W8A16, W4A16) at M bucket <= 16: one
   program per (token, expert) pair and row tile, no sorting; byte-wise code unpacking.

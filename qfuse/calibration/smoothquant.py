@@ -10,8 +10,7 @@ input channel j and ``w_j = max_f max_n |W_f[n, j]|``::
 
 so the per-token activation range shrinks where it had outliers and the weights, quantized
 per output channel, absorb them. ``alpha`` is the migration strength (0.5 in the paper; on
-SmolLM2-135M W8A8 +1.24 % perplexity at 0.5, +1.09 % at 0.8, against +2.75 % without,
-shared/reference/smollm2_baseline.md). ``o_proj`` and ``down_proj`` have no norm before
+SmolLM2-135M W8A8 +1.24 % perplexity at 0.5, +1.09 % at 0.8, against +2.75 % without). ``o_proj`` and ``down_proj`` have no norm before
 them and are left alone, as in the reference implementation and llm-compressor's defaults.
 """
 

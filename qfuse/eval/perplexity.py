@@ -1,6 +1,6 @@
 """Perplexity of a causal LM on a text, in independent fixed-length windows.
 
-The protocol of ``shared/reference/smollm2_baseline.md``: the text is tokenized once without
+The protocol: the text is tokenized once without
 special tokens, cut into non-overlapping windows of ``window`` tokens (the tail shorter than
 a window is dropped), each window is one forward pass with no carried context, and every
 token but the window's first is scored: ``ppl = exp(sum NLL / scored tokens)``.

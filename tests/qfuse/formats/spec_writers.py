@@ -1,5 +1,5 @@
 """AutoAWQ GEMM and GPTQ checkpoint writers, written from the format reference
-(shared/reference/formats_and_models.md, sections 1 and 2), not from qfuse.
+(the published GPTQ / AWQ packing layouts), not from qfuse.
 
 The writers use nothing from qfuse (in particular not ``qfuse.formats.packing``): the packing
 is the reference pseudocode (one shift per code position of a word, AutoAWQ's interleave

@@ -14,7 +14,7 @@ import qfuse.models.smollm2 as smollm2_module
 from qfuse.eval.perplexity import default_text, perplexity, windows_of
 from qfuse.models import SMOLLM2_GGUF, load_smollm2, smollm2_path
 
-# sha256 of the default text on CPython 3.11.7 (shared/reference/smollm2_baseline.md, section 2):
+# sha256 of the default text on CPython 3.11.7:
 # the perplexity anchors below hold for this text only
 TEXT_SHA256 = "71f2ff5d99bdc1f9c48c5c2353ad138201c5ca1c377e0226857ef8fa89b8bcee"
 
