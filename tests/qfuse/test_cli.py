@@ -17,12 +17,12 @@ def test_demo_prints_table(capsys):
     assert "bfloat16" in lines
 
 
-def test_demo_without_a_cxx_compiler_still_prints_its_table(capsys, monkeypatch):
+def test_demo_without_a_cxx_compiler_still_prints_its_table(capsys):
     """Inductor's CPU code needs a C++ compiler: without one the compiled column says so, the rest runs."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
-    assert main(["demo", "--schemes", "W8A8", "--dtype", "float16"]) == 0
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        assert main(["demo", "--schemes", "W8A8", "--dtype", "float16"]) == 0
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("W8A8"))
     assert row[4:7] == ["no", "C++", "cc"] and "vs fp16" in out and "needs a C++ compiler" in out
