@@ -193,14 +193,14 @@ def _stacked_entries(module, state_dict, prefix, local_metadata, strict, missing
         if not per_row:  # the input permutation, a static input scale: one for every member
             state_dict[stacked + key] = parts[0]
             continue
-        rows = []
+        ref, rows = next(p for p in parts if p is not None), []
         for p, sl in zip(parts, slices):
             if p is None:  # a member without a bias: zeros in the stacked one
-                p = target.new_zeros(sl.out_features)
+                p = ref.new_zeros(sl.out_features)
             elif p.shape[0] != sl.out_features:  # a member's per-tensor weight scale, per row in the stack
                 p = p.expand(sl.out_features, *p.shape[1:])
-            rows.append(p.to(target.device))
-        state_dict[stacked + key] = torch.cat(rows)
+            rows.append(p)
+        state_dict[stacked + key] = torch.cat(rows)  # on the entries' device: load_state_dict moves it (or assigns it)
 
 
 def _drop_hooks(parent: nn.Module, fused_name: str) -> None:

@@ -197,6 +197,17 @@ def test_state_dict_speaks_the_members_names(scheme, tmp_path):
     assert sorted(qfuse.unfuse_projections(model).state_dict()) == keys
 
 
+def test_a_meta_fused_skeleton_takes_the_members_by_assignment():
+    model = tiny_hf_model("llama", layers=1)
+    state = model.state_dict()
+    with torch.device("meta"):
+        skeleton = qfuse.fuse_projections(tiny_hf_model("llama", layers=1))
+    skeleton.load_state_dict(state, assign=True)
+    attn = skeleton.model.layers[0].self_attn
+    stacked = torch.cat([state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"])
+    assert not attn.qkv_proj.weight.is_meta and torch.equal(attn.qkv_proj.weight, stacked)
+
+
 def test_members_without_a_bias_stay_without_one():
     """q alone with a bias: the stack has zeros for k and v, which neither unfuse nor the
     state_dict turn into biases of their own."""
