@@ -48,3 +48,12 @@ def run_in_threads(worker, n: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def assert_per_token_quant(xq: torch.Tensor, scale: torch.Tensor, y: torch.Tensor) -> None:
+    """``(xq, scale)`` is per-token int8 quantization of ``y`` (fp16 / bf16), computed here from the
+    math, not with qfuse's quant op: scale = max(amax, 1e-10) / 127 rounded once to float32, codes
+    the nearest integers (ties to even) to the float32 quotient y / scale."""
+    y32 = y.float()  # exact: the values are fp16 / bf16
+    assert torch.equal(scale, (y32.double().abs().amax(-1, keepdim=True).clamp(min=1e-10) / 127).float())
+    assert torch.equal(xq, torch.round(y32 / scale).clamp(-128, 127).to(torch.int8))  # IEEE float32 division

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.helpers import ACT_DTYPES
+from tests.helpers import ACT_DTYPES, assert_per_token_quant
 
 SHAPES = [(1, 64), (2, 64), (7, 96), (16, 128), (33, 65), (2, 3, 48)]
 EPS = 1e-6
@@ -59,20 +59,10 @@ def test_fused_ops_equal_their_composition(shape, dtype):
     assert torch.equal(res_out, x + res)
     assert torch.equal(out, q.rms_norm(x + res, w, EPS))
     xq, scale = q.rms_norm_quant(x, w, EPS)
-    _assert_per_token_codes(xq, scale, q.rms_norm(x, w, EPS))
+    assert_per_token_quant(xq, scale, q.rms_norm(x, w, EPS))
     xq, scale, res_out = q.fused_add_rms_norm_quant(x, res, w, EPS)
-    _assert_per_token_codes(xq, scale, out)
+    assert_per_token_quant(xq, scale, out)
     assert torch.equal(res_out, x + res)
-
-
-def _assert_per_token_codes(xq, scale, y):
-    """``(xq, scale)`` is per-token int8 quantization of ``y``, computed here: scale =
-    max(amax, 1e-10) / 127 rounded once to float32, codes the nearest integers (ties to even) to
-    the float32 quotient y / scale. On the CPU the fused ops run their reference kernels, so this is checked against
-    the math, not against qfuse's own quant op."""
-    y32 = y.float()  # exact: the values are fp16 / bf16
-    assert torch.equal(scale, (y32.double().abs().amax(-1, keepdim=True).clamp(min=1e-10) / 127).float())
-    assert torch.equal(xq, torch.round(y32 / scale).clamp(-128, 127).to(torch.int8))  # IEEE float32 division
 
 
 @pytest.mark.parametrize("dtype", ACT_DTYPES)
