@@ -36,6 +36,7 @@ from .formats.compressed_tensors import NAME as CT_NAME
 from .formats.files import check_checkpoint_dir, parse_size, write_safetensors
 from .fused_projections import ProjectionSlice, member_layers
 from .linear import QuantLinear
+from .models.cast import rotary_inv_freq
 from .moe import QuantExperts, QuantMoE
 from .norm import RMSNorm, is_convertible_rmsnorm
 from .quantize_model import head_untied
@@ -362,10 +363,10 @@ def save_quantized(model: nn.Module, path: str | Path, *, max_shard_size: int | 
         raise ValueError(
             "save_quantized: the model has no qfuse.QuantLinear layers or quantized QuantMoE experts; quantize it first (qfuse.quantize_model)"
         )
-    rounded = [n for n, b in model.named_buffers() if n.rpartition(".")[2] == "inv_freq" and b.dtype in (torch.float16, torch.bfloat16)]
+    rounded = [(n, b.dtype) for n, b in rotary_inv_freq(model).items() if b.dtype in (torch.float16, torch.bfloat16)]
     if rounded:  # Module.to(dtype) rounded them; from_pretrained rebuilds them in float32
         warnings.warn(
-            f"save_quantized: the model's rotary inv_freq ({rounded[0]}) is {str(model.get_buffer(rounded[0]).dtype).removeprefix('torch.')}, "
+            f"save_quantized: the model's rotary inv_freq ({rounded[0][0]}) is {str(rounded[0][1]).removeprefix('torch.')}, "
             "rounded by Module.to(dtype); the reloaded model computes it in float32, so its logits differ slightly from this model's. "
             "Build the float model with from_pretrained(..., dtype=...) or qfuse.models.cast.cast_float_model instead of .to(dtype)",
             stacklevel=2,

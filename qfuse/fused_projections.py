@@ -71,6 +71,11 @@ class ProjectionSlice(nn.Module):
     def fused(self) -> nn.Module:
         return getattr(self._parent, self.fused_name)
 
+    @property
+    def _own_bias(self) -> bool:
+        """Whether this member has a bias (the stacked layer's rows of it; zeros stand for none)."""
+        return self.fused.bias is not None and getattr(self, "has_bias", True)
+
     def forward(self, x: Tensor) -> Tensor:
         pending = self._pending
         if pending.input is x and pending.blocks[self.index] is not None:
@@ -88,8 +93,7 @@ class ProjectionSlice(nn.Module):
     def layer(self) -> nn.Module:
         """This member as a standalone layer: a QuantLinear of views (``QuantLinear.rows``) or an
         ``nn.Linear`` of copies of the stacked layer's rows; a bias only if the member had one."""
-        fused, stop = self.fused, self.start + self.out_features
-        bias = fused.bias is not None and getattr(self, "has_bias", True)
+        fused, stop, bias = self.fused, self.start + self.out_features, self._own_bias
         if isinstance(fused, QuantLinear):
             layer = fused.rows(self.start, stop)
             if not bias:
@@ -109,7 +113,7 @@ class ProjectionSlice(nn.Module):
         if isinstance(fused, QuantLinear):
             return self.layer().state_dict()
         out = {"weight": fused.weight.detach()[self.start : stop]}
-        if fused.bias is not None and getattr(self, "has_bias", True):
+        if self._own_bias:
             out["bias"] = fused.bias.detach()[self.start : stop]
         return out
 

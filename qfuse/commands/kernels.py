@@ -49,6 +49,15 @@ def _scheme(name: str):
     return get_scheme(name)
 
 
+def _nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]):
+    """``(pick, (N, K))`` that pick_config runs untuned: the stored pick of the nearest shape, or None."""
+    from ..ops._autotune import _lock, load_stored, nearest_stored_entry
+
+    with _lock:  # the search reads every stored entry, as pick_config's
+        load_stored(op, gpu)
+        return nearest_stored_entry(op, gpu, key, candidates)
+
+
 def explain(
     m: int,
     n: int,
@@ -61,7 +70,7 @@ def explain(
     moe: tuple[int, int] | None = None,
 ) -> str:
     """The report ``qfuse kernels --explain`` prints; ``moe=(E, top_k)``: for ``fused_moe`` (N = I, K = H)."""
-    from ..ops._autotune import _lock, load_stored, lookup, nearest_stored_entry
+    from ..ops._autotune import lookup
     from ..ops.int8 import dispatch as int8_dispatch
     from ..ops.wna16 import dispatch as wna16_dispatch
 
@@ -117,9 +126,7 @@ def explain(
         cfg, source = hit
     else:
         cfg, source = (offered[0] if offered else None), "the untuned heuristic (the first candidate); a first call on the GPU measures them"
-        with _lock:
-            load_stored(op, gpu)
-            nearest = nearest_stored_entry(op, gpu, key, offered)
+        nearest = _nearest_stored(op, gpu, key, offered)
     lines.append(f"  picked: {cfg}")
     lines.append(f"  from:   {source}")
     if nearest is not None:  # what pick_config runs where it does not measure
@@ -139,9 +146,7 @@ def explain(
         )
         if eager is None:  # what the op runs there without measuring (pick_config's untuned branch)
             plain = [c for c in offered if not int8_dispatch.uses_tma(c)]
-            with _lock:
-                load_stored(op + "_eager", gpu)
-                near = nearest_stored_entry(op + "_eager", gpu, key, plain)
+            near = _nearest_stored(op + "_eager", gpu, key, plain)
             untuned = f"{near[0]}, the stored eager pick of the nearest shape, N={near[1][0]} K={near[1][1]}" if near else plain[0] if plain else None
             lines.append(f"         with QFUSE_AUTOTUNE=0: {untuned}")
     if s.weight_only and moe is None and cfg is not None and wna16_dispatch.accumulate_form(cfg) != cfg:
