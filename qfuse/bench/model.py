@@ -37,7 +37,9 @@ subprocess of their own, N at a time (``compile_first/<case>/``: log, CSV, compi
 fills Inductor's and Triton's on-disk caches; ``compile_s`` is then that cold first call, and the
 measuring process's own first call, warm, is ``warm_compile_s``. A case whose subprocess fails
 (e.g. past ``--compile-timeout``; it stops at that row) keeps that failure as a row, and of its
-compiled rows the measuring run compiles only those the subprocess finished; eager rows all.
+compiled rows the measuring run compiles only those the subprocess finished; eager rows all. A
+subprocess that ran out of GPU memory beside the others is no failure: the measuring run compiles
+all that case's rows, those the subprocess did not finish with their own first call as ``compile_s``.
 
 ``--compile-timeout S`` stops a first compiled call after S seconds: every thread's Python stack
 and the compile phases so far go to ``compile_phases/<case>_<row>.timeout.txt``, the case gets a
@@ -692,13 +694,15 @@ def _child_argv(args, case: str, out: Path) -> list[str]:
 
 def _with_cold_compile(record, cold_rows: list[dict]):
     """``record`` for a case compiled first: a compiled row's own first call becomes ``warm_compile_s``
-    and ``compile_s`` the cold one of the same mode and batch."""
-    cold = {(r.get("mode"), str(r.get("batch"))): r.get("compile_s") for r in cold_rows}
+    and ``compile_s`` the cold one of the same mode and batch; a row the subprocess did not finish
+    keeps its own first call as ``compile_s``."""
+    cold = {(r.get("mode"), str(r.get("batch"))): r.get("compile_s") for r in cold_rows if r.get("compile_s")}
 
     def record_row(row: dict) -> None:
-        if "compile_s" in row:
+        key = (row.get("mode"), str(row.get("batch")))
+        if "compile_s" in row and key in cold:
             row["warm_compile_s"] = row["compile_s"]
-            row["compile_s"] = float(cold.get((row["mode"], str(row["batch"]))) or "nan")
+            row["compile_s"] = float(cold[key])
         record(row)
 
     return record_row
@@ -732,6 +736,11 @@ def compile_first(args, cases: list[str], log=print) -> dict[str, list[dict]]:
     return done
 
 
+def _out_of_memory(error: str) -> bool:
+    """Whether a row's error is the GPU running out of memory (CUDA's allocator or cuBLAS's handle)."""
+    return any(m in error for m in ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED"))
+
+
 def _run(args) -> int:
     rows: list[dict] = []
 
@@ -757,6 +766,11 @@ def _run(args) -> int:
         case_args, case_record = args, record
         if case in cold:
             failed = [r for r in cold[case] if r.get("mode") == "failed"]
+            if failed and all(_out_of_memory(r.get("error", "")) for r in failed):
+                # the subprocesses share the GPU (four Llama-3-8B-shaped builds at once ran an 80 GB H100 out of
+                # memory): this process compiles every row, those the subprocess did not finish with their own compile_s
+                print(f"[model] {case}: compile-first ran out of GPU memory beside the others; compiling its rows here", flush=True)
+                failed = []
             for r in failed:
                 record({"model": args.model, "case": case, "mode": "failed", "error": f"compile-first: {r.get('error', '')}"[:300]})
             # the subprocess stopped at its first failure: measure only the compiled rows it finished

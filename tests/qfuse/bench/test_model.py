@@ -286,6 +286,23 @@ def test_compile_first_failure_keeps_the_rows_its_subprocess_finished(tmp_path, 
     assert rows[0]["error"].startswith("compile-first: CompileTimeout") and rows[2]["compile_s"] == "12.5"
 
 
+def test_compile_first_out_of_memory_compiles_every_row_here(tmp_path, monkeypatch):
+    """A subprocess that ran out of GPU memory beside the others (its rows after batch 1 unfinished) is
+    no failure: the measured run compiles every row, batch 1 with its cold compile_s, the rest with their own."""
+    cold = [
+        {"case": "W4A16", "mode": "compiled", "batch": "1", "compile_s": "12.5"},
+        {"case": "W4A16", "mode": "failed", "error": "AcceleratorError: CUDA error: out of memory"},
+    ]
+    monkeypatch.setattr(bench_model, "compile_first", lambda args, cases, log=print: {"W4A16": cold})
+    out = tmp_path / "out"
+    args = ["--model", "tiny", "--device", "cpu", "--cases", "W4A16", "--batches", "1", "2", "--eager-batches", "--context", "16"]
+    assert bench_model.main(args + ["--prefill", "8", "--steps", "1", "--compile-first", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["mode"], r["batch"]) for r in rows] == [("compiled", "1"), ("compiled", "2"), ("prefill", "1")]
+    assert rows[0]["compile_s"] == "12.5" and float(rows[0]["warm_compile_s"]) > 0
+    assert float(rows[1]["compile_s"]) > 0 and not rows[1]["warm_compile_s"] and float(rows[2]["compile_s"]) > 0
+
+
 def test_decode_step_writes_and_attends_at_pos_every_call():
     """transformers 5's static cache advances its own write counter per call; DecodeStep pins it to
     ``pos``: a step repeated at one position gives the same logits (no extra key per call), and
