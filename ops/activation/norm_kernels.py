@@ -92,6 +92,21 @@ def _normalize(sf, inv, w_ptr, offs, mask, DTYPE: tl.constexpr, INTERPRET: tl.co
 
 
 @triton.jit
+def _inf_row_scale(x_ptr, res_ptr, offs, H, scale, HAS_RESIDUAL: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    """The scale of a row whose sum of squares is inf (``inv == 0``): NaN if the row holds a +-inf
+    (its output is inf * 0 = NaN, which max.f32 drops from the amax), else ``scale`` (a finite row
+    whose squares overflowed: every output 0). Reloads the row, only in this rare case: the check
+    on the common path, or NaN-propagating max, reordered the loads before the rsqrt
+    (tests/ops/test_rms_norm_kernel.py, sum order)."""
+    inf_seen = tl.zeros([BLOCK // VEC], dtype=tl.int32)
+    for start in range(0, H, BLOCK):
+        idx = start + offs
+        sf = _load_s(x_ptr, res_ptr, idx, idx < H, HAS_RESIDUAL, DTYPE, INTERPRET).to(tl.float32)
+        inf_seen = tl.maximum(inf_seen, tl.max((tl.abs(sf) == float("inf")).to(tl.int32), axis=1))
+    return tl.where(tl.max(inf_seen, axis=0) > 0, float("nan"), scale)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, H, H_f32, eps,
     HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, INTERPRET: tl.constexpr,
@@ -110,6 +125,8 @@ def _rms_norm_kernel(
         if QUANT:
             of = o.to(tl.float32)
             scale = per_token_scale(tl.max(tl.max(tl.abs(of), axis=1), axis=0))
+            if inv == 0.0:
+                scale = _inf_row_scale(x_ptr + base, res_ptr + base, offs, H, scale, HAS_RESIDUAL, DTYPE, BLOCK, INTERPRET)
             tl.store(q_ptr + base + offs, quantize_int8_row(of, scale, INTERPRET), mask=mask)
             tl.store(scale_ptr + tl.program_id(0), scale)
         else:
@@ -136,6 +153,8 @@ def _rms_norm_kernel(
             # max.f32 drops NaN, and amax starts at 0: a row holding NaN (so a NaN sum of squares,
             # and every output NaN) gets a NaN scale as in the reference, not 1e-10 / 127
             scale = tl.where(inv != inv, inv, per_token_scale(tl.max(tl.max(amax, axis=1), axis=0)))
+            if inv == 0.0:
+                scale = _inf_row_scale(x_ptr + base, res_ptr + base, offs, H, scale, HAS_RESIDUAL, DTYPE, BLOCK, INTERPRET)
             for start in range(0, H, BLOCK):
                 idx = start + offs
                 mask = idx < H

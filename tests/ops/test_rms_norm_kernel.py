@@ -129,6 +129,20 @@ def test_kernel_all_zero_row(dtype, max_row_block):
     assert (res[1] == 0).all() and (q2[1] == 0).all() and torch.isfinite(s2).all()
 
 
+@pytest.mark.parametrize("max_row_block", [32768, 64])
+def test_kernel_rows_whose_sum_of_squares_is_inf(max_row_block):
+    """inv = rsqrt(inf) = 0: a +-inf gives a NaN scale (its output inf * 0 = NaN), a finite row whose
+    squares overflow gives zeros and the 1e-10 / 127 floor, as the reference (bf16 holds 3e30)."""
+    x, residual, weight = _inputs((4, 200), torch.bfloat16)
+    x[1, 50], x[2, 199], x[3, 7] = float("inf"), float("-inf"), 3e30
+    q, s = rms_norm_quant_triton(x, weight, 1e-6, max_row_block)
+    q_ref, s_ref = torch.ops.qfuse.rms_norm_quant(x, weight, 1e-6)
+    assert s[1:3].isnan().all() and s_ref[1:3].isnan().all()
+    assert torch.equal(s[[0, 3]], s_ref[[0, 3]]) and torch.equal(q[[0, 3]], q_ref[[0, 3]]) and (q[3] == 0).all()
+    _, s2, _ = fused_add_rms_norm_quant_triton(x, residual.zero_(), weight, 1e-6, max_row_block)
+    assert s2[1:3].isnan().all() and torch.equal(s2[[0, 3]], s_ref[[0, 3]])
+
+
 def test_kernel_residual_add_rounds_like_torch():
     # Sums that need more than 16 bits: the fp32 add rounds once to bf16 (ties to even), as torch does.
     x = torch.tensor([[1.0, 256.0, -3.0, 1e-3, 0.5]], dtype=torch.bfloat16).repeat(2, 8)
@@ -331,5 +345,21 @@ def test_gpu_nan_row_gets_a_nan_scale(h):
     x[1, h // 3] = float("nan")
     _, s = torch.ops.qfuse.rms_norm_quant(x, weight, 1e-6)
     _, s2, _ = torch.ops.qfuse.fused_add_rms_norm_quant(x, residual, weight, 1e-6)
+    for scale in (s, s2):
+        assert torch.isnan(scale[1]).all() and torch.isfinite(scale[[0, 2]]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", (4096, 4097, 40000))
+@pytest.mark.parametrize("inf", (float("inf"), float("-inf")))
+def test_gpu_inf_row_gets_a_nan_scale(h, inf):
+    """A +-inf in a row: its normalized value is inf * rsqrt(inf) = NaN, the others 0, so the
+    reference's scale is NaN; the kernel's max.f32 alone would drop that one NaN (scale 1e-10 / 127)."""
+    x, residual, weight = _inputs((3, h), torch.bfloat16, "cuda")
+    x[1, h // 3] = inf
+    _, s = torch.ops.qfuse.rms_norm_quant(x, weight, 1e-6)
+    _, s2, _ = torch.ops.qfuse.fused_add_rms_norm_quant(x, residual.zero_(), weight, 1e-6)
+    _, s_ref = torch.ops.qfuse.rms_norm_quant(x.cpu(), weight.cpu(), 1e-6)
+    assert torch.isnan(s_ref[1]).all()
     for scale in (s, s2):
         assert torch.isnan(scale[1]).all() and torch.isfinite(scale[[0, 2]]).all()
