@@ -288,38 +288,10 @@ def _wna16_tma_kernel(
 def word_order(x: Tensor, block_k: int) -> Tensor:
     """``x [M, K]`` with each ``block_k`` tile's columns in the order ``WORDS`` gives the MMA the
     codes (a copy): natural ``k = 8w + 4e + 2sl + h`` of word ``w = Qc + q`` (``Q = block_k / 32``)
-    at ``k' = 32q + 16sl + 8h + 2c + e``, the order of ops/wna16/mma_words.py. Plain torch: the
-    reference of :func:`word_order_triton`."""
+    at ``k' = 32q + 16sl + 8h + 2c + e``, the order of ops/wna16/mma_words.py."""
     m, k = x.shape
     q = block_k // 32
     return x.reshape(m, k // block_k, 4, q, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
-
-
-@triton.jit
-def _word_order_kernel(x_ptr, out_ptr, M, K, stride_m, stride_k, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One ``[BLOCK_M, BLOCK_K]`` tile of :func:`word_order`: output column ``k'`` of the tile reads
-    natural column ``8 (Q c + q) + 4 e + 2 sl + h`` (a gather inside one 128-byte row segment at
-    BLOCK_K = 64 bf16), stored contiguously."""
-    Q: tl.constexpr = BLOCK_K // 32
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    kp = tl.arange(0, BLOCK_K)
-    src = 8 * (Q * ((kp // 2) % 4) + kp // 32) + 4 * (kp % 2) + 2 * ((kp // 16) % 2) + (kp // 8) % 2
-    k0 = tl.program_id(1) * BLOCK_K
-    rows = rm[:, None].to(tl.int64)
-    mask = rm[:, None] < M
-    v = tl.load(x_ptr + rows * stride_m + (k0 + src)[None, :] * stride_k, mask=mask)
-    tl.store(out_ptr + rows * K + (k0 + kp)[None, :], v, mask=mask)
-
-
-def word_order_triton(x: Tensor, block_k: int) -> Tensor:
-    """:func:`word_order` in one Triton launch, for any strides of ``x`` (``K % block_k == 0``). ATen's
-    copy of the 7-d permuted view ran at 1.2 TB/s on an H100 (27 us for [2048, 4096] bf16, torch
-    2.11 profile of the Llama-3-8B prefill)."""
-    m, k = x.shape
-    out = torch.empty((m, k), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, 32), k // block_k)
-    launch(_word_order_kernel, grid, x, out, m, k, x.stride(0), x.stride(1), BLOCK_M=32, BLOCK_K=block_k, num_warps=4)
-    return out
 
 
 def tma_supported(k: int, bits: int = 4) -> bool:
@@ -354,7 +326,7 @@ def wna16_tma(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, 
     words = bool(cfg.get("WORDS", False))
     if words and (bits != 4 or k % bk):
         raise ValueError(f"wna16_tma: WORDS needs 4-bit codes and K % BLOCK_K == 0; got bits={bits}, K={k}, BLOCK_K={bk}")
-    x, qweight = tma_aligned(word_order_triton(x, bk) if words else x.contiguous()), tma_aligned(qweight.contiguous())
+    x, qweight = tma_aligned(word_order(x, bk) if words else x.contiguous()), tma_aligned(qweight.contiguous())
     if words:  # int32 words [N, K / 8]
         w_desc = TensorDescriptor.from_tensor(qweight.view(torch.int32), [bn, bk // 8])
     else:  # 8-bit: the code bytes as int16 pairs [N, K / 2] (the kernel's PTX takes two pairs per register)
