@@ -25,6 +25,7 @@ import hashlib
 from pathlib import Path
 
 import torch
+from torch._inductor import custom_graph_pass
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg, Match, PatternMatcherPass, register_graph_pattern
 
@@ -105,19 +106,32 @@ def _source_hash() -> str:
     return h.hexdigest()
 
 
-class QfusePostGradPass(CustomGraphPass):
+# Inductor calls a pass of this class with is_inference (torch releases without it call none with it)
+_InferenceAware = getattr(custom_graph_pass, "CustomInferenceAwareGraphPass", None)
+
+
+def _chained(then) -> tuple:
+    """The passes ``then`` names: none, one, or those of a list / tuple."""
+    if then is None:
+        return ()
+    return tuple(then) if isinstance(then, (list, tuple)) else (then,)
+
+
+class QfusePostGradPass(_InferenceAware or CustomGraphPass):
     """qfuse's fusion passes as one Inductor post-grad custom pass.
 
     ``then``: another pass to run afterwards (e.g. one the user had installed in
-    ``post_grad_custom_post_pass``); it must be a ``CustomGraphPass`` with a uuid for
-    the FX graph cache to stay on, as Inductor itself requires.
+    ``post_grad_custom_post_pass``), or a list / tuple of them, run in order (torch >= 2.13
+    takes a list there); each must be a ``CustomGraphPass`` with a uuid for the FX graph
+    cache to stay on, as Inductor itself requires. A ``CustomInferenceAwareGraphPass`` among
+    them gets the ``is_inference`` Inductor gave this pass (True when called without it).
     """
 
     def __init__(self, config: PassConfig | None = None, then=None):
         self.config = config or PassConfig()
         self.then = then
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
         before = collections.Counter(counters)
         if self.config.dedup_quant:
             record("dedup_quant", dedup_quant(graph))
@@ -129,15 +143,16 @@ class QfusePostGradPass(CustomGraphPass):
         if fired:
             graph.lint()
             log.info("qfuse.passes: %s", ", ".join(f"{k}={v}" for k, v in sorted(fired.items())))
-        if self.then is not None:
-            self.then(graph)
+        for then in _chained(self.then):
+            if _InferenceAware is not None and isinstance(then, _InferenceAware):
+                then(graph, is_inference)
+            else:
+                then(graph)
 
     def uuid(self):
-        then = None
-        if self.then is not None:
-            then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
-            if then is None:
-                return None  # a pass without a uuid: Inductor must bypass the cache
+        then = [p.uuid() if isinstance(p, CustomGraphPass) else None for p in _chained(self.then)]
+        if None in then:
+            return None  # a pass without a uuid: Inductor must bypass the cache
         return hashlib.sha256(f"{_source_hash()}|{self.config!r}|{then!r}".encode()).hexdigest()
 
     def __repr__(self) -> str:

@@ -65,7 +65,7 @@ def compile(model, *, passes: bool = True, pass_config=None, **torch_compile_kwa
 
     ``passes=False`` compiles without them (same call otherwise, for A/B runs).
     ``pass_config``: a :class:`qfuse.passes.PassConfig`. A pass the caller already put in
-    ``options["post_grad_custom_post_pass"]`` runs after qfuse's.
+    ``options["post_grad_custom_post_pass"]`` (or each of a list there, in order) runs after qfuse's.
     A model with ``generate`` (Hugging Face) gets a ``generate`` that compiles the decode steps
     (see the module docstring and :func:`compile_config`).
     """

@@ -4,7 +4,7 @@ position, view/reshape spelled alike), the FX graph cache, uuid, and qfuse.compi
 import expecttest
 import torch
 from torch._dynamo.utils import counters as torch_counters
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, CustomInferenceAwareGraphPass
 from torch._inductor.utils import fresh_cache
 
 import qfuse.passes as qp
@@ -166,6 +166,42 @@ def test_qfuse_compile_runs_the_passes():
     assert qp.counters["rms_norm_quant"] == 1  # qfuse's pass ran (before the chained recorder)
     assert "qfuse.rms_norm_quant" in rec.before.graphs[0]  # the chained pass saw the fused graph
     assert_same(out, _rms_quant(*args))
+
+
+class InferenceAware(CustomInferenceAwareGraphPass):
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, graph, is_inference):
+        self.calls.append(is_inference)
+
+    def uuid(self):
+        return None
+
+
+def test_qfuse_compile_runs_a_list_of_user_passes_after_its_own():
+    """torch >= 2.13 takes a list in post_grad_custom_post_pass: each pass runs, in order; an
+    inference-aware pass gets is_inference, as Inductor calls it."""
+    args = (torch.randn(4, H).to(torch.bfloat16), torch.randn(H).to(torch.bfloat16))
+    first, aware, second = Before(), InferenceAware(), Before()
+    out = run_compiled(_rms_quant, args, passes=True, options={"post_grad_custom_post_pass": [first, aware, second]})
+    assert "qfuse.rms_norm_quant" in first.before.graphs[0] and "qfuse.rms_norm_quant" in second.before.graphs[0]
+    assert aware.calls == [True]
+    assert_same(out, _rms_quant(*args))
+
+    class WithUuid(CustomGraphPass):
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, graph):
+            pass
+
+        def uuid(self):
+            return self.name
+
+    a, b = WithUuid("a"), WithUuid("b")
+    assert qp.QfusePostGradPass(then=[a, b]).uuid() not in (None, qp.QfusePostGradPass(then=[b, a]).uuid(), qp.QfusePostGradPass(then=a).uuid())
+    assert qp.QfusePostGradPass(then=(a, lambda graph: None)).uuid() is None  # one pass without a uuid: no cache
 
 
 def test_dynamic_shapes_one_compile_two_token_counts():
