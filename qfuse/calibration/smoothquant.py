@@ -5,7 +5,7 @@ For a norm whose output feeds Linears ``f`` (Llama-style: ``input_layernorm`` ->
 ``post_attention_layernorm`` -> gate/up), with ``a_j = max |X_j|`` over calibration tokens of
 input channel j and ``w_j = max_f max_n |W_f[n, j]|``::
 
-    s_j = clamp(a_j ** alpha / clamp(w_j, 1e-5) ** (1 - alpha), min=1e-5)
+    s_j = clamp(a_j ** alpha / clamp(w_j, 1e-5) ** (1 - alpha), min=1e-5),   s_j = 1 where a_j = 0
     norm.weight[j] /= s_j        W_f[:, j] *= s_j          (the float model computes the same)
 
 so the per-token activation range shrinks where it had outliers and the weights, quantized
@@ -39,9 +39,13 @@ class SmoothQuant:
 
 
 def smoothquant_scales(act_absmax: Tensor, weights: list[Tensor], alpha: float) -> Tensor:
-    """``s`` [K] (float32) from the per-channel activation max and the Linears' weights [N_f, K]."""
+    """``s`` [K] (float32) from the per-channel activation max and the Linears' weights [N_f, K].
+    A channel that was 0 on every calibration token keeps ``s = 1``: the formula's ``1e-5`` would
+    multiply its norm weight by 1e5 (inf in fp16, and NaN from ``inf * 0`` in the norm)."""
     w_max = torch.stack([w.abs().amax(dim=0).float() for w in weights]).amax(dim=0)
-    return (act_absmax.to(w_max.device).float().pow(alpha) / w_max.clamp(min=_MIN).pow(1 - alpha)).clamp(min=_MIN)
+    a = act_absmax.to(w_max.device).float()
+    s = (a.pow(alpha) / w_max.clamp(min=_MIN).pow(1 - alpha)).clamp(min=_MIN)
+    return torch.where(a > 0, s, torch.ones_like(s))
 
 
 # Decoder layers whose norm -> Linear scale folds leave the float model as it was: pre-norm,
@@ -121,7 +125,8 @@ def smooth_model(
 
     ``batches``: token ids the model is called with (calibration text, disjoint from what is
     evaluated), as ``quantize_model``'s ``calibration_data``: a ``[B, T]`` tensor or a list of
-    ``[B, T]`` / ``[T]`` ones. ``mappings`` default to :func:`smoothquant_mappings`.
+    ``[B, T]`` / ``[T]`` ones. ``mappings`` default to :func:`smoothquant_mappings`; each lists a
+    norm and every Linear its output feeds (a ValueError when a norm or a Linear is in two).
     """
     from .pipeline import decoder_layers, token_batches
 
@@ -133,6 +138,11 @@ def smooth_model(
         mappings = smoothquant_mappings(model)
     if not mappings:
         raise ValueError("smooth_model: no norm -> Linear mappings found (a Llama / Qwen2 / Mistral decoder is expected)")
+    # each norm's s is computed over, and folded into, every Linear it feeds at once
+    for kind, names in (("norm", [m.norm for m in mappings]), ("Linear", [n for m in mappings for n in m.linears])):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"smooth_model: {kind} {twice[0]} is in more than one mapping; list every Linear a norm feeds in one SmoothMapping")
     first = {m.norm: m.linears[0] for m in mappings}
     act = activation_absmax(model, batches, first.values(), progress)
     scales = {}

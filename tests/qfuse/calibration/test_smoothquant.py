@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import qfuse
-from qfuse.calibration import smooth_model, smoothquant_mappings
+from qfuse.calibration import SmoothMapping, smooth_model, smoothquant_mappings
 from tests.helpers import rel_err
 from tests.hf_models import ARCHS, tiny_hf_model
 
@@ -106,3 +106,42 @@ def test_smoothed_model_saves_and_reloads(tmp_path):
     qfuse.quantize_model(model, "W8A8", progress=False)
     qfuse.save_quantized(model, tmp_path, progress=False)
     assert torch.equal(logits(qfuse.from_pretrained(tmp_path, progress=False), ids(8)), logits(model, ids(8)))
+
+
+def test_a_channel_never_active_keeps_its_norm_weight():
+    """A hidden channel that is 0 on every calibration token (a zero embedding column) has nothing to
+    smooth: s = 1 there (the formula's clamp, 1e-5, gives an fp16 norm weight of inf and NaN logits)."""
+    base = tiny_hf_model("llama", dtype=torch.float16, layers=1, vocab=256)
+    with torch.no_grad():
+        base.model.embed_tokens.weight[:, 5] = 0
+    norm = base.model.layers[0].input_layernorm.weight[5].item()
+    ref = logits(base, ids(1))
+    smoothed = copy.deepcopy(base)
+    scales = smooth_model(smoothed, [ids(2)], progress=False)
+    assert scales["model.layers.0.input_layernorm"][5] == 1 and smoothed.model.layers[0].input_layernorm.weight[5].item() == norm
+    assert rel_err(logits(smoothed, ids(1)), ref) < 0.02
+    quantized = qfuse.quantize_model(copy.deepcopy(base), "W8A8", calibration="sq", calibration_data=[ids(2)], progress=False)
+    assert quantized.model.layers[0].input_layernorm.weight[5].item() == norm
+    out = logits(quantized, ids(1))
+    assert torch.isfinite(out).all() and rel_err(out, ref) < 0.1
+
+
+def test_a_norm_split_over_two_mappings_is_refused():
+    """Two mappings of one norm fold two scale vectors into it while each Linear takes only its own:
+    the float model would change (0.87 relative logit error here) without an error."""
+    model = tiny_hf_model("llama", layers=1)
+    p = "model.layers.0."
+    split = [
+        SmoothMapping(f"{p}input_layernorm", (f"{p}self_attn.q_proj", f"{p}self_attn.k_proj")),
+        SmoothMapping(f"{p}input_layernorm", (f"{p}self_attn.v_proj",)),
+    ]
+    weight = model.model.layers[0].input_layernorm.weight.clone()
+    with pytest.raises(ValueError, match=r"norm model\.layers\.0\.input_layernorm is in more than one mapping"):
+        smooth_model(model, [ids(0)], mappings=split, progress=False)
+    twice = [
+        SmoothMapping(f"{p}input_layernorm", (f"{p}self_attn.q_proj",)),
+        SmoothMapping(f"{p}post_attention_layernorm", (f"{p}self_attn.q_proj",)),
+    ]
+    with pytest.raises(ValueError, match=r"Linear model\.layers\.0\.self_attn\.q_proj is in more than one mapping"):
+        smooth_model(model, [ids(0)], mappings=twice, progress=False)
+    assert torch.equal(model.model.layers[0].input_layernorm.weight, weight)
