@@ -22,6 +22,8 @@ def parse_recipe(calibration) -> list:
     a step given twice or an object that is no step."""
     if calibration is None:
         return []
+    if isinstance(calibration, type):
+        calibration = [calibration]  # a step's class: refused below with its hint
     items = calibration.split("+") if isinstance(calibration, str) else [calibration] if isinstance(calibration, _ORDER) else list(calibration)
     steps = []
     for item in items:
@@ -32,6 +34,8 @@ def parse_recipe(calibration) -> list:
             if key not in STEPS:
                 raise ValueError(f"unknown calibration step {item!r}; steps: rtn, {', '.join(STEPS)} (join them with '+')")
             item = STEPS[key]()
+        if isinstance(item, type) and issubclass(item, _ORDER):
+            raise TypeError(f"calibration: got the class {item.__name__}; pass a step, {item.__name__}() or its name")
         if not isinstance(item, _ORDER):
             raise TypeError(f"calibration steps are SmoothQuant(...), AWQ(...), GPTQ(...) or their names, got {item!r}")
         steps.append(item)

@@ -39,6 +39,8 @@ def test_step_objects_keep_their_options():
         ("gptq+GPTQ", ValueError, "each step may appear once"),
         (["sq", SmoothQuant(alpha=0.8)], ValueError, "each step may appear once"),
         ([3], TypeError, "calibration steps are"),
+        (SmoothQuant, TypeError, r"got the class SmoothQuant; pass a step, SmoothQuant\(\)"),
+        (["sq", GPTQ], TypeError, "got the class GPTQ"),
     ],
 )
 def test_bad_recipes(recipe, error, match):
