@@ -10,7 +10,9 @@ Per (N x K shape, M), medians in microseconds, all in one run:
 * ``gemlite_a8w8_us``, ``gemlite_a8w4_us``: gemlite's ``A8W8_int8_dynamic`` and
   ``A8W4_HQQ_INT_dynamic`` (per-channel; fp8 activations), if gemlite imports. Their
   figures include gemlite's own dynamic activation quantization; ours start from int8;
-* ``floor_w8a8_us``, ``floor_w4a8_us``: bytes moved / measured HBM bandwidth (timing.hbm_bandwidth: max of copy and read-only);
+* ``floor_w8a8_us``, ``floor_w4a8_us`` (group 128), ``floor_w4a8_pc_us`` (per-channel: no group
+  scales): bytes moved (``_floors.int8_gemm_bytes``) / measured HBM bandwidth (timing.hbm_bandwidth:
+  max of copy and read-only);
 * ``w4a8_pc_<family>_us``, ``w4a8_g128_<family>_us``: the best config of each W4A8 kernel
   family (:func:`config_family`: tensor-core tiles with int8-op or PTX unpack, the
   int32-partial group scale, the dp4a GEMV, ``mma_words``, the int8-weight pass + W8A8), all in this run;
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ._device import require_cuda
+from ._floors import int8_gemm_bytes
 from .timing import copies_for, hbm_bandwidth, plot_speedup, time_eager, time_graph, write_csv
 
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
@@ -191,9 +194,9 @@ def bench_shape(n, k, ms, bw, gemlite_ms, gemlite_budget, log, tuned, eager=True
                 row["w8a8_eager_us"] = round(time_eager(lambda: ops.w8a8_gemm(xq, xs, wq[0], ws, None, dt)), 1)
             if "w4a8_pc" in our_ops:
                 row["w4a8_pc_eager_us"] = round(time_eager(lambda: ops.w4a8_gemm(xq, xs, qw[0], ws, None, None, -1, dt)), 1)
-        act_out = m * k + 4 * m + 2 * m * n  # int8 activations, fp32 token scales, bf16 output
-        row["floor_w8a8_us"] = round((n * k + 4 * n + act_out) / bw * 1e6, 2)
-        row["floor_w4a8_us"] = round((n * k // 2 + 4 * n + n * k // 128 + act_out) / bw * 1e6, 2)
+        row["floor_w8a8_us"] = round(int8_gemm_bytes(m, n, k, 8) / bw * 1e6, 2)
+        row["floor_w4a8_us"] = round(int8_gemm_bytes(m, n, k, 4, 128) / bw * 1e6, 2)  # group 128's
+        row["floor_w4a8_pc_us"] = round(int8_gemm_bytes(m, n, k, 4) / bw * 1e6, 2)  # per-channel: no group scales
         b = row.get("bf16_us")
         for name in ("int_mm", "w8a8", "w4a8_pc", "w4a8_g128", "gemlite_a8w8", "gemlite_a8w4"):
             if b and row.get(f"{name}_us"):
@@ -267,7 +270,8 @@ def markdown_table(rows) -> str:
         ("gemlite_a8w8_us", "gemlite a8w8 us"),
         ("gemlite_a8w4_us", "gemlite a8w4 us"),
         ("floor_w8a8_us", "floor w8a8 us"),
-        ("floor_w4a8_us", "floor w4a8 us"),
+        ("floor_w4a8_pc_us", "floor w4a8 pc us"),
+        ("floor_w4a8_us", "floor w4a8 g128 us"),
         ("w8a8_eager_us", "w8a8 eager us"),
     ]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]

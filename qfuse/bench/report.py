@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from qfuse.bench._floors import int8_gemm_bytes
+
 Row = dict[str, str]
 Column = tuple[str, Callable[[Row], str]]
 
@@ -148,7 +150,19 @@ def _w8a8(rows: list[Row]) -> list[Column]:
     ]
 
 
+def _w4a8_pc_floor(row: Row) -> Row:
+    """``row`` with ``floor_w4a8_pc_us``, the per-channel op's floor. A CSV written before that column
+    has only ``floor_w4a8_us``, whose bytes count group 128's int8 group scales too, which the
+    per-channel op does not read: its floor is that one times the per-channel bytes over group 128's."""
+    if _f(row, "floor_w4a8_pc_us") is not None or (g128 := _f(row, "floor_w4a8_us")) is None:
+        return row
+    n, k = (int(v) for v in row["shape"].lower().split("x"))
+    m = int(row["M"])
+    return {**row, "floor_w4a8_pc_us": str(g128 * int8_gemm_bytes(m, n, k, 4) / int8_gemm_bytes(m, n, k, 4, 128))}
+
+
 def _w4a8(rows: list[Row]) -> list[Column]:
+    pc_floor = _pct("floor_w4a8_pc_us", "w4a8_pc_us")
     return [
         ("N x K", _text("shape")),
         ("M", _text("M")),
@@ -159,7 +173,7 @@ def _w4a8(rows: list[Row]) -> list[Column]:
         ("g128 x bf16", _ratio("bf16_us", "w4a8_g128_us", "w4a8_g128_x_bf16")),
         ("g128 / pc", _ratio("w4a8_pc_us", "w4a8_g128_us", "g128_over_pc")),
         ("pc x _int_mm+epi", _ratio("int_mm_us", "w4a8_pc_us")),
-        ("pc % of floor", _pct("floor_w4a8_us", "w4a8_pc_us")),
+        ("pc % of floor", lambda r: pc_floor(_w4a8_pc_floor(r))),
         ("pc config", _text("w4a8_pc_cfg")),
         ("g128 config", _text("w4a8_g128_cfg")),
     ]
@@ -326,7 +340,18 @@ def table(path: Path, filters: list[str] | None = None) -> str:
 
 
 def fill(markdown: str, base: Path) -> str:
-    """``markdown`` with every marked table rebuilt from its CSV (paths relative to ``base``)."""
+    """``markdown`` with every marked table rebuilt from its CSV (paths relative to ``base``). A line
+    that starts a marker but is no start of a whole marked table (a malformed marker line, or no end
+    marker before the next table's start) stops it: that table would be neither refilled nor checked."""
+    whole = {m.start() for m in MARKER.finditer(markdown)}
+    for s in re.finditer(r"^<!-- report (?!end -->)", markdown, re.M):
+        if s.start() not in whole:
+            line = markdown.count("\n", 0, s.start()) + 1
+            text = markdown[s.start() :].split("\n", 1)[0]
+            raise SystemExit(
+                f"qfuse bench report: line {line}: {text!r} starts no marked table (want '<!-- report PATH [FILTER ...] -->', "
+                "one space apart, and '<!-- report end -->' after the table)"
+            )
 
     def repl(m: re.Match) -> str:
         path, filters = m.group(1), m.group(2).split()

@@ -89,9 +89,25 @@ def test_w4a8_table_and_filters(tmp_path):
     lines = report.table(path, ["M>=2"]).splitlines()
     assert len(lines) == 4
     # pc x bf16, g128 x bf16, g128 / pc (the g128 op's speed relative to pc's), pc x _int_mm, pc % of floor
-    assert lines[2] == "| 8192x8192 | 2 | 14.4 | 14.4 | 36 | 2.50 | 2.50 | 1.00 | 2.22 | 56 % | gemv/m1 | mma_words |"
+    # (floor_w4a8_us is group 128's: the per-channel floor leaves out its 8192 * 64 bytes of group scales)
+    assert lines[2] == "| 8192x8192 | 2 | 14.4 | 14.4 | 36 | 2.50 | 2.50 | 1.00 | 2.22 | 55 % | gemv/m1 | mma_words |"
     assert [ln.split(" | ")[1] for ln in report.table(path, ["M=1,4"]).splitlines()[2:]] == ["1", "4"]
     assert report.table(path, ["M<=1"]).splitlines()[2].startswith("| 8192x8192 | 1 | 12 | 16 | 36 | 3.00 | 2.25 | 0.75 |")
+
+
+def test_w4a8_pc_floor_has_no_group_scales(tmp_path):
+    """``pc % of floor``: the per-channel op's floor (``floor_w4a8_pc_us``); a CSV without that column
+    has only group 128's ``floor_w4a8_us``, whose bytes include the int8 group scales the per-channel
+    op never reads, so it is scaled to the per-channel bytes."""
+    from qfuse.bench._floors import int8_gemm_bytes
+
+    row = {"shape": "28672x4096", "M": 1, "bf16_us": 60.5, "int_mm_us": 48.8, "w4a8_pc_us": 18.75, "w4a8_g128_us": 18.95}
+    g128_floor = int8_gemm_bytes(1, 28672, 4096, 4, 128) / 4.19e12 * 1e6  # 14.28 us at 4.19 TB/s: 76 % of 18.75
+    pc_floor = int8_gemm_bytes(1, 28672, 4096, 4) / 4.19e12 * 1e6  # 14.06 us
+    legacy = report.table(write_csv(tmp_path / "old.csv", [{**row, "floor_w4a8_us": round(g128_floor, 2)}])).splitlines()[2]
+    assert legacy.split(" | ")[9] == f"{100 * pc_floor / 18.75:.0f} %" == "75 %"
+    both = {**row, "floor_w4a8_us": round(g128_floor, 2), "floor_w4a8_pc_us": 12.0}
+    assert report.table(write_csv(tmp_path / "new.csv", [both])).splitlines()[2].split(" | ")[9] == "64 %"
 
 
 def test_write_and_check_refill_the_marked_tables(tmp_path, capsys):
@@ -107,6 +123,31 @@ def test_write_and_check_refill_the_marked_tables(tmp_path, capsys):
     assert report.main(["--check", str(md)]) == 0
     assert report.main([str(tmp_path / "data")]) == 0
     assert capsys.readouterr().out.startswith("### w4.csv\n\n| N x K |")
+
+
+@pytest.mark.parametrize(
+    "start, end",
+    [
+        ("<!-- report data/w4.csv M=64-->", "<!-- report end -->"),  # no space before -->
+        ("<!-- report data/w4.csv  M=64 -->", "<!-- report end -->"),  # two spaces
+        ("<!-- report data/w4.csv M=64 -->", ""),  # no end marker
+    ],
+)
+def test_a_malformed_marker_stops_write_and_check(tmp_path, start, end):
+    """A marker line the table pattern does not take would leave its table unchecked: --check and --write stop."""
+    (tmp_path / "data").mkdir()
+    write_csv(tmp_path / "data" / "w4.csv", GEMM_ROWS)
+    md = tmp_path / "B.md"
+    text = f"# B\n{start}\n| stale |\n\n{end}\n"
+    md.write_text(text)
+    for option in ("--check", "--write"):
+        with pytest.raises(SystemExit, match="line 2: .* starts no marked table"):
+            report.main([option, str(md)])
+    assert md.read_text() == text
+    # a missing end marker before the next table: the first table's pattern would run into the second
+    md.write_text(f"{start}\n| stale |\n\n<!-- report data/w4.csv M=1 -->\n| stale |\n\n<!-- report end -->\n")
+    with pytest.raises(SystemExit, match="starts no marked table"):
+        report.main(["--check", str(md)])
 
 
 def test_unknown_csv_and_bad_filter_stop_with_one_line(tmp_path):
