@@ -528,7 +528,7 @@ def run_eager_interleaved(cases: list[str], args, log=print) -> list[dict]:
                     step(ids, pos)
                 steps[(case, batch)] = (step, ids, pos)
         order = list(steps)
-        for r in range(args.rounds):
+        for r in range(args.rounds if order else 0):  # no case or no eager batch: no rows
             for key in order[r % len(order) :] + order[: r % len(order)]:  # each round starts one case later: no case is always last
                 step, ids, pos = steps[key]
                 for _ in range(args.steps):
@@ -753,8 +753,13 @@ def _run(args) -> int:
     if args.interleave:
         rows = run_eager_interleaved([c for c in args.cases if not skip_reason(config, c)], args)
         add_ratios(rows)
+        if rows:
+            plot(rows, args.out / "model.png")
+        for case in args.cases:
+            if reason := skip_reason(config, case):
+                print(f"[model] {case}: skipped on {args.model}: {reason}", flush=True)
+                rows.append({"model": args.model, "case": case, "mode": "skipped", "error": reason})
         write_csv(rows, args.out / "model.csv")
-        plot(rows, args.out / "model.png")
         return 0
     cases = [c for c in args.cases if not skip_reason(config, c)]
     cold = compile_first(args, cases) if getattr(args, "compile_first", 0) > 0 and not args.no_compile else {}

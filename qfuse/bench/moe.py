@@ -375,7 +375,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv=None) -> int:
-    args = _args(argv or [])
+    args = _args(argv)  # None: sys.argv (python -m qfuse.bench.moe)
     cuda = args.device == "cuda"
     if cuda:
         require_cuda("moe")

@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if os.environ.get("TRITON_INTERPRET") == "1":  # interpreted kernels cannot be compiled: rerun without it
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        return subprocess.run([sys.executable, "-m", "qfuse.cli", "bench", "sass", *(sys.argv[3:] if argv is None else argv)], env=env).returncode
+        return subprocess.run([sys.executable, "-m", "qfuse.cli", "bench", "sass", *(sys.argv[1:] if argv is None else argv)], env=env).returncode
     try:
         fn, sig, consts, loop_bytes = kernel_spec(args.kernel, args.bits, args.group, args.zeros, args.dtype, cfg)
     except KeyError as e:

@@ -159,6 +159,20 @@ def test_interleaved_eager_rows(tmp_path):
     assert (out / "model.png").stat().st_size > 0
 
 
+def test_interleaved_run_without_a_timed_step_and_with_a_skipped_case(tmp_path, capsys):
+    """--interleave with no eager batch, or no case left to run, writes its CSV (skipped cases as
+    rows, as without --interleave) instead of dividing by the empty case list."""
+    base = ["--device", "cpu", "--interleave", "--rounds", "2", "--steps", "1", "--context", "16"]
+    out = tmp_path / "none"
+    assert bench_model.main(base + ["--model", "tiny", "--cases", "bf16", "--eager-batches", "--out", str(out)]) == 0
+    assert (out / "model.csv").is_file() and not (out / "model.png").exists()
+    out = tmp_path / "skipped"
+    assert bench_model.main(base + ["--model", "tiny-mixtral", "--cases", "torchao-int4", "--eager-batches", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "model.csv").open()))
+    assert [(r["case"], r["mode"]) for r in rows] == [("torchao-int4", "skipped")] and "experts" in rows[0]["error"]
+    assert "torchao-int4: skipped on tiny-mixtral" in capsys.readouterr().out
+
+
 def test_stacks_every_samples_the_run_and_stops_with_it(tmp_path, monkeypatch):
     """--stacks-every S: faulthandler dumps every thread's stack each S seconds while the cases run,
     and is cancelled when they end (also when one fails)."""

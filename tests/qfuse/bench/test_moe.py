@@ -125,3 +125,13 @@ def test_act_order_case_passes_its_input_orders():
     out = bench_moe.fused_moe(x, logits, top_k, tensors, fmt, perm)
     assert torch.equal(out, fused_moe_ref(x, logits, top_k, True, *tensors, *fmt, perm))
     assert not torch.equal(out, bench_moe.fused_moe(x, logits, top_k, tensors, fmt))
+
+
+def test_run_as_a_module_reads_its_command_line(tmp_path, monkeypatch):
+    """``python -m qfuse.bench.moe ARGS`` calls ``main()``: the options come from ``sys.argv``, not the defaults."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["moe.py", "--device", "cpu", "--shapes", "tiny", "--m", "1", "--cases", "bf16", "--out", str(tmp_path)])
+    assert bench_moe.main() == 0
+    with (tmp_path / "moe.csv").open() as f:
+        assert [(r["shape"], r["M"], r["case"]) for r in csv.DictReader(f)] == [("tiny", "1", "bf16")]

@@ -150,3 +150,16 @@ def test_decode_attention_compiles_for_sm90_without_spills(block_m, block_d, mas
     registers = int(re.search(r"registers (\d+)", out).group(1))
     assert "stack 0 B" in out and registers < 255, out
     assert re.search(r"HMMA|wgmma loop", out), out  # tensor cores: mma.sync up to 32 rows, wgmma at 64
+
+
+def test_interpreter_rerun_passes_the_module_command_line(monkeypatch):
+    """Under TRITON_INTERPRET=1 ``python -m qfuse.bench.sass ARGS`` (``main()``) reruns itself with ARGS."""
+    import subprocess
+    import sys
+
+    calls = []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(sys, "argv", ["sass.py", "gemv_words", "--bits", "8"])
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert sass.main() == 0
+    assert calls[0][-5:] == ["bench", "sass", "gemv_words", "--bits", "8"]
