@@ -48,10 +48,15 @@ _log = logging.getLogger("qfuse.autotune")
 # entry key -> [(config, reason)] of the configs that failed in its last measurement (logged at INFO)
 failures: dict[str, list[tuple[dict, str]]] = {}
 _lock = threading.Lock()
+# held while candidates are timed: one measurement at a time in the process (a CUDA graph captured
+# in one thread while another synchronizes or captures invalidates both); reentrant for a run
+# that picks a config itself
+_measure_lock = threading.RLock()
 _memory: dict[str, dict] = {}
 _loaded_files: set[str] = set()
 _untuned: dict[tuple, dict] = {}  # (entry key, experimental_kernels()) -> the pick made without a measurement
 _checked: dict[str, dict] = {}  # entry key -> its stored pick, found usable (pick_config's usable) in this process
+_refused: dict[str, dict] = {}  # entry key -> its stored pick, found not usable in this process (warned once)
 
 
 def m_bucket(m: int) -> int:
@@ -208,18 +213,23 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
     for entry, cfg in list(_memory.items()):
         if not entry.startswith(prefix):
             continue
-        n, k, *others = entry[len(prefix) :].split("|")
-        if others != rest:
+        try:
+            n, k, *others = entry[len(prefix) :].split("|")
+            if others != rest:
+                continue
+            n, k = int(n), int(k)
+            # fused_moe's keys hold (E, I) there, not (N, K), and past M = 64 the M tiles fill the GPU
+            # (a split there adds float32 partials of a large output): those picks are taken as stored
+            adapt = op != "fused_moe" and isinstance(key[0], int) and key[0] <= DECODE_MAX_M
+            pick = _same_programs(cfg, n, key[1], candidates) if adapt else (cfg if cfg in candidates else None)
+            if pick is None:
+                continue
+            d = abs(math.log2(n / key[1])) + 2 * abs(math.log2(k / key[2]))
+        except (ValueError, TypeError, ArithmeticError):  # a hand-edited or foreign entry (short key, N = 0, SPLIT_K = 0, ...)
+            _log.warning("the stored entry %s: %s cannot be read; ignored", entry, cfg)
             continue
-        # fused_moe's keys hold (E, I) there, not (N, K), and past M = 64 the M tiles fill the GPU
-        # (a split there adds float32 partials of a large output): those picks are taken as stored
-        adapt = op != "fused_moe" and isinstance(key[0], int) and key[0] <= DECODE_MAX_M
-        pick = _same_programs(cfg, int(n), key[1], candidates) if adapt else (cfg if cfg in candidates else None)
-        if pick is None:
-            continue
-        d = abs(math.log2(int(n) / key[1])) + 2 * abs(math.log2(int(k) / key[2]))
         if d < best_d:
-            best, best_d = (pick, (int(n), int(k))), d
+            best, best_d = (pick, (n, k)), d
     return best
 
 
@@ -349,10 +359,11 @@ def pick_config(
         if entry_key not in _memory:
             load_stored(op, gpu)
         hit = _memory.get(entry_key)
-    if hit is not None:
+    if hit is not None and _refused.get(entry_key) is not hit:
         if usable is None or usable(hit):
             _checked[entry_key] = hit
             return hit
+        _refused[entry_key] = hit
         _log.warning("%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); choosing again", entry_key, hit)
     untuned = capturing() or not env_flag("QFUSE_AUTOTUNE", True) or device.type != "cuda"
     memo = (entry_key, experimental_kernels())
@@ -370,23 +381,27 @@ def pick_config(
         with _lock:  # the search reads every stored entry: once per key
             _untuned[memo] = nearest_stored(op, gpu, key, candidates) or candidates[0]
         return _untuned[memo]
-    best, best_ms, failed = None, float("inf"), []
-    for cfg in candidates:
-        try:
-            ms = graph_time_ms([lambda: run(cfg)] * _GRAPH_CALLS)
-        except Exception as e:  # a config that does not compile or fit (shared memory) is skipped, with its reason
-            torch.cuda.synchronize()
-            failed.append((cfg, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
-            continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    failures[entry_key] = failed
-    if failed:
-        _log.info("%s: %d of %d configs failed to run, e.g. %s: %s", entry_key, len(failed), len(candidates), *failed[0])
-    if best is None:
-        reasons = "; ".join(f"{c}: {why}" for c, why in failed[:3])
-        raise RuntimeError(f"pick_config({op}): none of the {len(candidates)} configs ran on {gpu}: {reasons}")
-    with _lock:
-        _memory[entry_key] = best
-    _save(entry_key, best)
+    with _measure_lock:
+        done = _memory.get(entry_key)
+        if done is not None and done is not hit:  # measured by another thread meanwhile
+            return done
+        best, best_ms, failed = None, float("inf"), []
+        for cfg in candidates:
+            try:
+                ms = graph_time_ms([lambda: run(cfg)] * _GRAPH_CALLS)
+            except Exception as e:  # a config that does not compile or fit (shared memory) is skipped, with its reason
+                torch.cuda.synchronize()
+                failed.append((cfg, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                continue
+            if ms < best_ms:
+                best, best_ms = cfg, ms
+        failures[entry_key] = failed
+        if failed:
+            _log.info("%s: %d of %d configs failed to run, e.g. %s: %s", entry_key, len(failed), len(candidates), *failed[0])
+        if best is None:
+            reasons = "; ".join(f"{c}: {why}" for c, why in failed[:3])
+            raise RuntimeError(f"pick_config({op}): none of the {len(candidates)} configs ran on {gpu}: {reasons}")
+        with _lock:
+            _memory[entry_key] = best
+        _save(entry_key, best)
     return best

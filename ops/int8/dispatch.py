@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 
 from .._autotune import capturing, m_bucket, pick_config, sm_count, tma_capable
+from ..activation.quant_kernels import device_guard
 from ..kernel_family import Problem, Registry
 from .gemv import FAMILY as GEMV
 from .gemv8 import FAMILY as GEMV8
@@ -87,7 +88,8 @@ def normalize(config: dict) -> dict:
     return {"kernel": kind, **cfg}
 
 
-def _usable(config) -> bool:
+def usable(config) -> bool:
+    """Whether a stored pick (any spelling, :func:`normalize`) may run here (``Registry.usable``)."""
     return isinstance(config, dict) and REGISTRY.usable(normalize(config))
 
 
@@ -126,10 +128,11 @@ def int8_gemm(op, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, *, w4: 
     def run(c):
         return REGISTRY.run(c, xq, x_scale, w, w_scale, group_scale, bias, out_dtype, w4)
 
-    cfg = normalize(pick_config(op, key, cands, run, xq.device, _usable))
-    if uses_tma(cfg) and key[0] <= EAGER_MAX_M and not capturing():
-        cfg = normalize(pick_config(op + "_eager", key, lambda: [c for c in cands() if not uses_tma(c)], run, xq.device, _usable))
-    return run(cfg)
+    with device_guard(xq):  # Triton launches on the current device: xq's, for a measurement too (a model spread over GPUs)
+        cfg = normalize(pick_config(op, key, cands, run, xq.device, usable))
+        if uses_tma(cfg) and key[0] <= EAGER_MAX_M and not capturing():
+            cfg = normalize(pick_config(op + "_eager", key, lambda: [c for c in cands() if not uses_tma(c)], run, xq.device, usable))
+        return run(cfg)
 
 
 def uses_tma(cfg: dict) -> bool:

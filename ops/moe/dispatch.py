@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .._autotune import m_bucket, pick_config
+from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem, Registry
 from . import gemv, gemv_words, grouped_words
 from .align import align_block_size, fc1_row_div, pair_rows
@@ -143,5 +144,6 @@ def fused_moe_triton(
     )
     key = config_key(m, e, two_i // 2, h, top_k, weight_bits, act_bits, group_size, x.dtype)
     cands = lambda: REGISTRY.offered(problem(m, two_i // 2, h, weight_bits, group_size, x.dtype, act_bits))  # noqa: E731 - built only on a cache miss
-    cfg = pick_config(OP, key, cands, lambda c: REGISTRY.run(c, *args), x.device, REGISTRY.usable)
-    return REGISTRY.run(cfg, *args)
+    with device_guard(x):  # Triton launches on the current device: x's, for a measurement too (a model spread over GPUs)
+        cfg = pick_config(OP, key, cands, lambda c: REGISTRY.run(c, *args), x.device, REGISTRY.usable)
+        return REGISTRY.run(cfg, *args)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .._autotune import env_flag, m_bucket, pick_config, sm_count, tma_capable
+from ..activation.quant_kernels import device_guard
 from ..kernel_family import Problem, Registry
 from .dequant_mm import FAMILY as DEQUANT_MM
 from .gemv import FAMILY as GEMV
@@ -144,6 +145,7 @@ def wna16_gemm_triton(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor 
     m, k = x.shape
     n = qweight.shape[0]
     cands = lambda: usable_configs(m, n, k, bits, group_size, sm_count(x.device), tma_capable(x.device), x.dtype)  # noqa: E731 - built only on a cache miss
-    cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
-                      lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device, REGISTRY.usable)  # fmt: skip
-    return run_config(accumulate_form(cfg), x, qweight, scales, zeros, bias, bits, group_size)
+    with device_guard(x):  # Triton launches on the current device: x's, for a measurement too (a model spread over GPUs)
+        cfg = pick_config(OP, config_key(m, n, k, bits, group_size, x.dtype), cands,
+                          lambda c: run_config(c, x, qweight, scales, zeros, bias, bits, group_size), x.device, REGISTRY.usable)  # fmt: skip
+        return run_config(accumulate_form(cfg), x, qweight, scales, zeros, bias, bits, group_size)

@@ -17,6 +17,7 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(_autotune, "_loaded_files", set())
     monkeypatch.setattr(_autotune, "_untuned", {})
     monkeypatch.setattr(_autotune, "_checked", {})
+    monkeypatch.setattr(_autotune, "_refused", {})
     monkeypatch.setattr(_autotune, "_TUNED_DIR", tmp_path / "tuned")
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "user.json"))
     return tmp_path
@@ -131,6 +132,19 @@ def test_nearest_stored_pick_of_the_same_m_bucket_and_kind(fresh_cache):
     assert _autotune.nearest_stored("op", "G", (1, 64), offered) is None  # keys without (N, K)
 
 
+@pytest.mark.parametrize(
+    "entry", [("op|G|16|4096", {"B": 1}), ("op|G|16|4096x|4096|128", {"B": 1}), ("op|G|16|4096|4096|128", {"BLOCK_N": 64, "SPLIT_K": 0})]
+)
+def test_a_stored_entry_that_cannot_be_read_is_ignored_by_the_nearest_search(fresh_cache, caplog, entry):
+    """A hand-edited or foreign entry of the same M bucket (short key, N not an integer, SPLIT_K 0)
+    is skipped with a warning; it crashed every untuned call (graph capture) of every shape without its own pick."""
+    _autotune._memory.update([entry, ("op|G|16|2048|4096|128", {"BLOCK_N": 64, "SPLIT_K": 2})])
+    offered = [{"BLOCK_N": 64, "SPLIT_K": s} for s in (1, 2, 4)]
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        assert _autotune.nearest_stored("op", "G", (16, 1024, 4096, 128), offered) == {"BLOCK_N": 64, "SPLIT_K": 4}
+    assert "cannot be read" in caplog.text
+
+
 def _write_keys(path: str, prefix: str, count: int) -> None:
     for i in range(count):
         _autotune.merge_into_json(_autotune.Path(path), f"{prefix}{i}", {"BLOCK": i})
@@ -188,6 +202,54 @@ def test_a_stored_pick_that_cannot_run_here_is_chosen_again(fresh_cache, caplog)
     with caplog.at_level("WARNING", logger="qfuse.autotune"):
         assert _autotune.pick_config("op", (1, 64), cands, _never_run, torch.device("cpu"), usable) == cands[0]
     assert "cannot run here" in caplog.text
+
+
+def test_a_refused_stored_pick_is_checked_and_warned_about_once(fresh_cache, caplog):
+    """Where nothing is measured (QFUSE_AUTOTUNE=0, graph capture) the refused pick stays stored:
+    one warning per key and process, not one per call of every layer."""
+    (fresh_cache / "user.json").write_text(json.dumps({"op|cpu|1|64": {"kernel": "gone"}}))
+    cands = [{"kernel": "k", "B": 1}, {"kernel": "k", "B": 2}]
+    checks = []
+
+    def usable(c):
+        checks.append(c)
+        return c.get("kernel") == "k"
+
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        for _ in range(3):
+            assert _autotune.pick_config("op", (1, 64), cands, _never_run, torch.device("cpu"), usable) == cands[0]
+    assert len(checks) == 1 and caplog.text.count("cannot run here") == 1
+
+
+def test_threads_that_miss_one_key_measure_it_once(fresh_cache, monkeypatch):
+    """Measurements take turns (a CUDA graph captured in one thread while another synchronizes or
+    captures fails both); a thread that waited takes the pick the other one measured."""
+    import threading
+    import time
+
+    monkeypatch.setattr(_autotune, "device_name", lambda device=None: "G")
+    active, peak, timed = [0], [0], []
+
+    def graph_time_ms(calls):
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        timed.append(1)
+        time.sleep(0.02)
+        active[0] -= 1
+        return 1.0
+
+    monkeypatch.setattr(_autotune, "graph_time_ms", graph_time_ms)
+    cands = [{"B": 1}, {"B": 2}, {"B": 3}]
+    picks = []
+    threads = [
+        threading.Thread(target=lambda: picks.append(_autotune.pick_config("op", (1, 64), cands, lambda c: None, torch.device("cuda"))))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert picks == [{"B": 1}] * 4 and peak[0] == 1 and len(timed) == len(cands)
 
 
 def test_registry_usable_refuses_unknown_families_and_opt_in_configs(monkeypatch):

@@ -21,3 +21,34 @@ def test_shipped_configs_are_offered_candidates():
         assert cfg in REGISTRY.offered(p), key
         kernels.add(cfg["kernel"])
     assert kernels == {"grouped", "gemv", "gemv_words", "grouped_words"}
+
+
+def test_picks_and_launches_on_the_activations_gpu(monkeypatch):
+    """Triton launches on the current device, and the word GEMV family launches without a guard of
+    its own: x on cuda:1 while cuda:0 is current must run, and measure its configs, on cuda:1."""
+    from types import SimpleNamespace
+
+    from qfuse.ops.moe import dispatch
+
+    entered = []
+
+    class Guard:  # stands in for torch.cuda.device (no GPU here)
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            entered.pop()
+
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    monkeypatch.setattr(dispatch, "topk_routing_triton", lambda logits, top_k, renormalize: (None, None))
+    seen = []
+    monkeypatch.setattr(dispatch, "pick_config", lambda *a: seen.append(("pick", list(entered))) or {"kernel": "gemv_words"})
+    monkeypatch.setattr(dispatch.REGISTRY, "run", lambda cfg, *a: seen.append(("run", list(entered))))
+    gpu1 = torch.device("cuda", 1)
+    x = SimpleNamespace(shape=(1, 256), device=gpu1, dtype=torch.bfloat16, is_cuda=True)
+    w13 = SimpleNamespace(shape=(8, 512, 128))
+    dispatch.fused_moe_triton(x, None, 2, True, w13, None, None, None, None, None, None, None, 4, 16, 128)
+    assert seen == [("pick", [gpu1]), ("run", [gpu1])] and not entered
