@@ -106,6 +106,7 @@ def explain(
         p = int8_dispatch.problem(m, n, k, s.group_size, sms, w4=s.weight_bits == 4, gpu=True, tma=tma)
         key = int8_dispatch.config_key(m, n, k, s.group_size, w4=s.weight_bits == 4)
         offered = registry.offered(p)
+    usable = int8_dispatch.usable if registry is int8_dispatch.REGISTRY else registry.usable  # the op's check of a stored pick
     verdicts = registry.explain(p)
     shape = f"M={m} I={n} H={k} E={moe[0]} top_k={moe[1]}" if moe else f"M={m} N={n} K={k}"
     lines = [
@@ -121,6 +122,9 @@ def explain(
         lines.append(f"  {v.family:<{width}}  {verdict:<8}  {v.configs:>7}  {v.offered:>7}  {v.reason}")
     lines.append("")
     hit = lookup(op, key, gpu)
+    if hit is not None and not usable(hit[0]):  # the op warns and chooses again (pick_config)
+        lines.append(f"  stored: {hit[0]} in {hit[1]}: cannot run here (an unknown kernel family, or opt-in); chosen again")
+        hit = None
     nearest = None
     if hit is not None:
         cfg, source = hit
@@ -140,6 +144,9 @@ def explain(
         and any(c is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(c)) for c in (cfg, nearest and nearest[0]))
     ):
         eager = lookup(op + "_eager", key, gpu)
+        if eager is not None and not usable(eager[0]):
+            lines.append(f"  stored eager pick: {eager[0]} in {eager[1]}: cannot run here; chosen again")
+            eager = None
         lines.append(
             f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
             + (f"  from {eager[1]}" if eager else "")
@@ -149,7 +156,7 @@ def explain(
             near = _nearest_stored(op + "_eager", gpu, key, plain)
             untuned = f"{near[0]}, the stored eager pick of the nearest shape, N={near[1][0]} K={near[1][1]}" if near else plain[0] if plain else None
             lines.append(f"         with QFUSE_AUTOTUNE=0: {untuned}")
-    if s.weight_only and moe is None and cfg is not None and wna16_dispatch.accumulate_form(cfg) != cfg:
+    if s.weight_only and cfg is not None and wna16_dispatch.accumulate_form(cfg) != cfg:  # fused_moe's word GEMV too
         lines.append(f"  runs as: {wna16_dispatch.accumulate_form(cfg)}  (QFUSE_FP32_ACCUMULATE=1: float32 sums)")
     return "\n".join(lines)
 

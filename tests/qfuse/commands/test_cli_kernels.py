@@ -116,3 +116,46 @@ def test_explain_shows_the_untuned_eager_pick_and_the_float32_form(capsys, monke
     out = capsys.readouterr().out
     runs = next(line for line in out.splitlines() if line.strip().startswith("runs as:"))
     assert "'kernel': 'gemv_words'" in runs and "HFMA2" not in runs and "'HFMA2': 2" in out
+
+
+def test_explain_does_not_name_a_stored_pick_the_op_refuses(capsys, monkeypatch, tmp_path):
+    """A cached opt-in config (cached with QFUSE_EXPERIMENTAL_KERNELS=1) or one of a family this
+    version lacks: the op warns and chooses again, so it is not what --explain says runs."""
+    import json
+
+    opt_in = {
+        "kernel": "mma_words",
+        "BLOCK_M": 16,
+        "BLOCK_N": 128,
+        "SPLIT_K": 1,
+        "SCALE_W": False,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 4,
+        "MAXNREG": 128,
+    }
+    cache = tmp_path / "autotune.json"
+    cache.write_text(
+        json.dumps({"wna16_gemm|NVIDIA_H200|16|4096|4096|128|bfloat16|4": opt_in, "w8a8_gemm|NVIDIA_H200|2048|4096|14336": {"kernel": "gone"}})
+    )
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(cache))
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    for args, stored in ((["16", "4096", "4096", "W4A16"], "'MAXNREG': 128"), (["2048", "4096", "14336", "W8A8"], "'kernel': 'gone'")):
+        assert cli.main(["kernels", "--explain", *args, "--gpu", "NVIDIA_H200"]) == 0
+        out = capsys.readouterr().out
+        picked = next(line for line in out.splitlines() if line.strip().startswith("picked:"))
+        assert stored not in picked and "untuned heuristic" in out and "cannot run here" in out
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    assert cli.main(["kernels", "--explain", "16", "4096", "4096", "W4A16", "--gpu", "NVIDIA_H200"]) == 0
+    out = capsys.readouterr().out
+    assert "'MAXNREG': 128" in next(line for line in out.splitlines() if line.strip().startswith("picked:")) and "the user cache" in out
+
+
+def test_explain_moe_shows_the_float32_form(capsys, monkeypatch, tmp_path):
+    """fused_moe's word GEMV runs a shipped HFMA2 pick in float32 under QFUSE_FP32_ACCUMULATE=1, as the dense op does."""
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(tmp_path / "none.json"))
+    monkeypatch.setenv("QFUSE_FP32_ACCUMULATE", "1")
+    assert cli.main(["kernels", "--explain", "1", "14336", "4096", "W4A16", "--moe", "8", "2", "--gpu", "NVIDIA_H200"]) == 0
+    out = capsys.readouterr().out
+    runs = next(line for line in out.splitlines() if line.strip().startswith("runs as:"))
+    assert "'kernel': 'gemv_words'" in runs and "HFMA2" not in runs and "'HFMA2': 2" in out
