@@ -54,9 +54,18 @@ def _compile_kwargs(passes: bool, pass_config, kwargs: dict) -> dict:
         from torch._inductor import list_mode_options
 
         options = {**list_mode_options(mode, kwargs.get("dynamic")), **options}
+    import torch._inductor.config as inductor_config
+
+    from qfuse.passes import QfusePostGradPass
     from qfuse.passes import inductor_options as _options
 
-    options.update(_options(pass_config, then=options.get("post_grad_custom_post_pass")))
+    # options= replaces Inductor's config for this compile: a pass the caller set there, or else
+    # globally in torch._inductor.config, runs after qfuse's instead of being dropped
+    key = "post_grad_custom_post_pass"
+    then = options[key] if key in options else inductor_config.post_grad_custom_post_pass
+    if isinstance(then, QfusePostGradPass):  # qfuse's own pass set globally: its config is replaced, what it chained kept
+        then = then.then
+    options.update(_options(pass_config, then=then))
     return {**kwargs, "options": options}
 
 
@@ -65,7 +74,8 @@ def compile(model, *, passes: bool = True, pass_config=None, **torch_compile_kwa
 
     ``passes=False`` compiles without them (same call otherwise, for A/B runs).
     ``pass_config``: a :class:`qfuse.passes.PassConfig`. A pass the caller already put in
-    ``options["post_grad_custom_post_pass"]`` (or each of a list there, in order) runs after qfuse's.
+    ``options["post_grad_custom_post_pass"]`` (or each of a list there, in order), or else in
+    ``torch._inductor.config.post_grad_custom_post_pass``, runs after qfuse's.
     A model with ``generate`` (Hugging Face) gets a ``generate`` that compiles the decode steps
     (see the module docstring and :func:`compile_config`).
     """
