@@ -121,7 +121,7 @@ def tma_capable(device: torch.device) -> bool:
 
 def cache_path() -> Path:
     env = os.environ.get("QFUSE_AUTOTUNE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "qfuse" / "autotune.json"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "qfuse" / "autotune.json"  # "~/..." set without a shell
 
 
 def _key_str(op: str, key: tuple) -> str:

@@ -286,3 +286,10 @@ def test_an_env_flag_with_another_value_is_an_error(monkeypatch):
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "maybe")
     with pytest.raises(ValueError, match="QFUSE_EXPERIMENTAL_KERNELS='maybe': expected one of 1, true, yes, on or 0, false, no, off"):
         _autotune.experimental_kernels()
+
+
+def test_cache_path_expands_the_home_directory(monkeypatch, tmp_path):
+    """QFUSE_AUTOTUNE_CACHE="~/x.json" set without a shell (a launcher's env block) names the home file, not ./~."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", "~/picks.json")
+    assert _autotune.cache_path() == tmp_path / "picks.json"
