@@ -601,7 +601,12 @@ def main(argv=None) -> int:
         "(stacked projections; bf16 and qfuse), SCHEME:nopasses, SCHEME:lm_head=W8A16 / W4A16",
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--eager-batches", type=int, nargs="*", default=[1, 16], help="batches also timed in eager mode")
+    ap.add_argument(
+        "--eager-batches",
+        type=int,
+        nargs="*",
+        help="batches of --batches also timed in eager mode (default: 1 and 16, those given; --interleave: any)",
+    )
     ap.add_argument("--context", type=int, default=1024, help="cached tokens each decode step attends to")
     ap.add_argument("--prefill", type=int, default=2048, help="prompt length of the prefill row (0: none)")
     ap.add_argument("--steps", type=int, default=10, help="eager steps timed")
@@ -640,6 +645,10 @@ def main(argv=None) -> int:
         help="torch._inductor.config fields for the whole run (VALUE a Python literal), e.g. graph_partition=False",
     )
     args = ap.parse_args(argv)
+    if args.eager_batches is None:
+        args.eager_batches = [b for b in (1, 16) if args.interleave or b in args.batches]
+    elif not args.interleave and (missing := [b for b in args.eager_batches if b not in args.batches]):
+        ap.error(f"--eager-batches {' '.join(map(str, missing))}: not in --batches (eager rows are timed for batches of --batches)")
     try:
         args.inductor_fields = inductor_fields(args.inductor_config)
     except ValueError as e:

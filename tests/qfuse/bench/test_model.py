@@ -256,6 +256,14 @@ def test_inductor_config_is_parsed_checked_applied_and_recorded(tmp_path, monkey
     assert torch._inductor.config.max_fusion_size != 7  # restored after the run
 
 
+def test_eager_batches_outside_batches_are_refused(capsys):
+    """An eager batch that --batches lacks would give no row: refused before any model is built."""
+    argv = ["--model", "tiny", "--device", "cpu", "--cases", "bf16", "--batches", "1", "--eager-batches", "1", "8"]
+    with pytest.raises(SystemExit):
+        bench_model.main(argv)
+    assert "--eager-batches 8: not in --batches" in capsys.readouterr().err
+
+
 def test_compile_first_runs_each_case_cold_in_a_subprocess(tmp_path):
     """--compile-first: each case's compiled rows first run in a subprocess (its log and CSV kept); the
     measured rows carry that cold first call as compile_s and their own, warm, as warm_compile_s."""
