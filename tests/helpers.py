@@ -39,6 +39,39 @@ def random_int8(*shape) -> torch.Tensor:
     return torch.randint(-128, 128, shape, dtype=torch.int8)
 
 
+# a wna16 config the registry offers only under QFUSE_EXPERIMENTAL_KERNELS=1 (its MAXNREG register cap)
+OPT_IN_MMA_WORDS = {
+    "kernel": "mma_words",
+    "BLOCK_M": 16,
+    "BLOCK_N": 128,
+    "SPLIT_K": 1,
+    "SCALE_W": False,
+    "GROUP_M": 8,
+    "num_warps": 4,
+    "num_stages": 4,
+    "MAXNREG": 128,
+}
+
+
+def record_cuda_device(monkeypatch) -> list:
+    """Replaces ``torch.cuda.device`` (no GPU here) by a guard that records the device entered: the
+    returned list holds the devices of the guards open now, innermost last."""
+    entered = []
+
+    class Guard:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            entered.pop()
+
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    return entered
+
+
 def run_in_threads(worker, n: int) -> None:
     """``worker(i)`` for i in 0..n-1, each on its own thread, all started before any is joined."""
     import threading

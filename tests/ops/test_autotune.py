@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from qfuse.ops import _autotune
+from tests.helpers import OPT_IN_MMA_WORDS
 
 
 @pytest.fixture
@@ -257,17 +258,7 @@ def test_registry_usable_refuses_unknown_families_and_opt_in_configs(monkeypatch
 
     assert REGISTRY.usable({"kernel": "gemv_words", "BLOCK_N": 16, "BLOCK_W": 64, "SPLIT_K": 1, "num_warps": 4})
     assert not REGISTRY.usable({"kernel": "gemv_words_v2"}) and not REGISTRY.usable({"BLOCK_N": 16}) and not REGISTRY.usable([1])
-    opt_in = {
-        "kernel": "mma_words",
-        "BLOCK_M": 16,
-        "BLOCK_N": 128,
-        "SPLIT_K": 1,
-        "SCALE_W": False,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 4,
-        "MAXNREG": 128,
-    }
+    opt_in = OPT_IN_MMA_WORDS
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
     assert REGISTRY.is_opt_in(opt_in) and not REGISTRY.usable(opt_in)
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")

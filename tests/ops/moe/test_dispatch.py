@@ -29,20 +29,9 @@ def test_picks_and_launches_on_the_activations_gpu(monkeypatch):
     from types import SimpleNamespace
 
     from qfuse.ops.moe import dispatch
+    from tests.helpers import record_cuda_device
 
-    entered = []
-
-    class Guard:  # stands in for torch.cuda.device (no GPU here)
-        def __init__(self, device):
-            self.device = torch.device(device)
-
-        def __enter__(self):
-            entered.append(self.device)
-
-        def __exit__(self, *exc):
-            entered.pop()
-
-    monkeypatch.setattr(torch.cuda, "device", Guard)
+    entered = record_cuda_device(monkeypatch)
     monkeypatch.setattr(dispatch, "topk_routing_triton", lambda logits, top_k, renormalize: (None, None))
     seen = []
     monkeypatch.setattr(dispatch, "pick_config", lambda *a: seen.append(("pick", list(entered))) or {"kernel": "gemv_words"})

@@ -4,6 +4,7 @@ pick's source, for a few shapes; errors in one line."""
 import pytest
 
 from qfuse import cli
+from tests.helpers import OPT_IN_MMA_WORDS
 
 
 @pytest.mark.parametrize(
@@ -123,17 +124,7 @@ def test_explain_does_not_name_a_stored_pick_the_op_refuses(capsys, monkeypatch,
     version lacks: the op warns and chooses again, so it is not what --explain says runs."""
     import json
 
-    opt_in = {
-        "kernel": "mma_words",
-        "BLOCK_M": 16,
-        "BLOCK_N": 128,
-        "SPLIT_K": 1,
-        "SCALE_W": False,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 4,
-        "MAXNREG": 128,
-    }
+    opt_in = OPT_IN_MMA_WORDS
     cache = tmp_path / "autotune.json"
     cache.write_text(
         json.dumps({"wna16_gemm|NVIDIA_H200|16|4096|4096|128|bfloat16|4": opt_in, "w8a8_gemm|NVIDIA_H200|2048|4096|14336": {"kernel": "gone"}})
