@@ -121,10 +121,17 @@ def explain(
         verdict = "refused" if not v.supported else ("opt-in" if v.offered == 0 and v.configs else "offered")
         lines.append(f"  {v.family:<{width}}  {verdict:<8}  {v.configs:>7}  {v.offered:>7}  {v.reason}")
     lines.append("")
-    hit = lookup(op, key, gpu)
-    if hit is not None and not usable(hit[0]):  # the op warns and chooses again (pick_config)
-        lines.append(f"  stored: {hit[0]} in {hit[1]}: cannot run here (an unknown kernel family, or opt-in); chosen again")
-        hit = None
+
+    def stored(op: str, what: str):
+        """The stored pick of ``op`` at ``key`` and its source, or None where there is none or the op
+        refuses it (it warns and chooses again: pick_config), which a line then says."""
+        hit = lookup(op, key, gpu)
+        if hit is not None and not usable(hit[0]):
+            lines.append(f"  {what}: {hit[0]} in {hit[1]}: cannot run here (an unknown kernel family, or opt-in); chosen again")
+            return None
+        return hit
+
+    hit = stored(op, "stored")
     nearest = None
     if hit is not None:
         cfg, source = hit
@@ -143,10 +150,7 @@ def explain(
         and key[0] <= int8_dispatch.EAGER_MAX_M
         and any(c is not None and int8_dispatch.uses_tma(int8_dispatch.normalize(c)) for c in (cfg, nearest and nearest[0]))
     ):
-        eager = lookup(op + "_eager", key, gpu)
-        if eager is not None and not usable(eager[0]):
-            lines.append(f"  stored eager pick: {eager[0]} in {eager[1]}: cannot run here; chosen again")
-            eager = None
+        eager = stored(op + "_eager", "stored eager pick")
         lines.append(
             f"  eager (outside a CUDA graph, no TMA launch): {eager[0] if eager else 'measured at the first eager call'}"
             + (f"  from {eager[1]}" if eager else "")
