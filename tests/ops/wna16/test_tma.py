@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from qfuse.ops.wna16.dispatch import candidate_configs, is_experimental, usable_configs
-from qfuse.ops.wna16.tma import tma_supported, wna16_tma, word_order
+from qfuse.ops.wna16.tma import tma_supported, wna16_tma, word_order, word_order_triton
 from tests.ops._sm90_scripts import run_sm90_script
 from tests.ops.test_wna16_gemm_kernel import assert_close_to_ref, make_problem
 from tests.ops.wna16.test_tiled_planes import _codes_at_the_extremes
@@ -93,6 +93,18 @@ def test_word_order_is_mma_words_order():
     q, sl, h, c, e = kp // 32, (kp // 16) % 2, (kp // 8) % 2, (kp // 2) % 4, kp % 2
     assert torch.equal(word_order(x, 64)[0, :64], x[0, 8 * (2 * c + q) + 4 * e + 2 * sl + h])
     assert torch.equal(word_order(x, 64).sort(dim=1).values, x)
+
+
+@pytest.mark.parametrize("block_k,k", [(32, 96), (64, 256), (64, 448), (128, 384), (256, 512)])
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_word_order_triton_is_word_order(block_k, k, m):
+    """The Triton permutation equals the torch one bit for bit: rows past a whole 16-row block
+    (7, 33), K of 1-8 tiles (blocks of 96 / 192 / 384 / 512 columns), a row-strided view (every
+    other row of a wider tensor) and a column-strided one (copied first), fp16 / bf16."""
+    for dtype in (torch.bfloat16, torch.float16):
+        wide = torch.randn(2 * m, 3 * k, generator=torch.Generator().manual_seed(m + k)).to(dtype)
+        for x in (wide[:m, :k].contiguous(), wide[::2, k : 2 * k], wide[:m, ::3]):
+            assert torch.equal(word_order_triton(x, block_k), word_order(x, block_k))
 
 
 def test_words_rejects_8bit_and_partial_tiles():
@@ -291,6 +303,15 @@ def test_gpu_tail_split(bits, tail_split):
             cfg = {**tile, "BLOCK_K": 64, "SPLIT_K": 1, "TAIL_SPLIT": tail_split}
             for _ in range(2):
                 assert_close_to_ref(wna16_tma(x, qw, s, z, b, bits, group_size, cfg), x, qw, s, z, b, bits, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_gpu_word_order_at_prefill_shapes(block_k):
+    """The compiled permutation at the Llama-3-8B prefill's activations (and an odd M), bit for bit."""
+    for m, k in ((2048, 4096), (37, 14336)):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        assert torch.equal(word_order_triton(x, block_k), word_order(x, block_k))
 
 
 @pytest.mark.gpu
