@@ -342,7 +342,8 @@ def _deadline(seconds: float, report: Path):
         yield
         return
 
-    message = f"the first compiled call ran past {seconds:g} s; stacks in {report}"
+    # the folder and file only: the message lands in the CSV, which is committed (no machine paths)
+    message = f"the first compiled call ran past {seconds:g} s; stacks in {report.parent.name}/{report.name}"
     expired = []
 
     def expire(signum, frame):

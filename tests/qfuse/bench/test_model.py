@@ -196,6 +196,7 @@ def test_compile_timeout_writes_the_stacks_keeps_the_rows_and_goes_on(tmp_path, 
     rows = list(csv.DictReader((out / "model.csv").open()))
     assert [(r["case"], r["mode"]) for r in rows] == [("W4A16", "eager"), ("W4A16", "failed"), ("bf16", "eager"), ("bf16", "failed")]
     assert all(r["error"].startswith("CompileTimeout: the first compiled call ran past 0.05 s") for r in rows if r["mode"] == "failed")
+    assert rows[1]["error"].endswith("stacks in compile_phases/W4A16_decode_b2.timeout.txt")  # no machine path in the CSV
     report = (out / "compile_phases" / "W4A16_decode_b2.timeout.txt").read_text()
     assert (
         report.startswith("stopped after 0.05 s")
