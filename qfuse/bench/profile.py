@@ -42,13 +42,13 @@ from .timing import write_csv
 DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses")
 
 # Inductor names a generated kernel after the aten ops it fuses (triton.descriptive_names):
-# the first rule whose words occur in the name gives the category
+# the first rule with an op of the name (a word with "_": a part of the name) gives the category
 _INDUCTOR_RULES = (
     # HF's repeat_kv: the cached K / V expanded from the KV heads to every query head, feeding the
     # attention kernel (its name carries the attention op it was fused for)
     ("attention inputs", ("scaled_dot_product", "attention")),
     ("norm", ("rsqrt", "mean", "pow")),
-    ("kv cache write", ("index_put", "index_copy", "scatter")),  # before rope: "scatter" holds "cat"
+    ("kv cache write", ("index_put", "index_copy", "scatter")),
     ("rope", ("cos", "sin", "neg", "cat")),
     ("attention", ("bmm", "softmax", "amax", "exp")),
     ("act", ("silu", "sigmoid")),
@@ -71,8 +71,9 @@ def category(kernel: str) -> str:
     if name.startswith("triton_"):  # Inductor's generated kernels (triton_poi_ / _red_ / _per_ / _tem_)
         if name.startswith("triton_tem_"):
             return "GEMM (Inductor template)"
+        ops = set(name.split("_"))  # whole op names: "exp" is not "expand", "cat" not "scatter"
         for label, words in _INDUCTOR_RULES:
-            if any(w in name for w in words):
+            if any((w in name) if "_" in w else (w in ops) for w in words):
                 return f"{label} (Inductor)"
         return "other (Inductor)"
     if any(w in name for w in ("flash", "fmha", "attention", "attn")):

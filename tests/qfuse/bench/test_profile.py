@@ -18,6 +18,8 @@ from qfuse.bench.profile import category
         ("triton_poi_fused_index_put_2", "kv cache write (Inductor)"),
         ("triton_poi_fused_scatter_3", "kv cache write (Inductor)"),  # "scatter" holds "cat": not rope
         ("triton_poi_fused_add_3", "residual add (Inductor)"),
+        ("triton_poi_fused_clone_expand_5", "other (Inductor)"),  # "expand" is not the attention's "exp"
+        ("triton_red_fused__softmax_exp_sub_6", "attention (Inductor)"),
         ("triton_poi_fused_mul_silu_4", "act (Inductor)"),
         ("triton_tem_fused_mm_0", "GEMM (Inductor template)"),
         ("triton_poi_fused_view_9", "other (Inductor)"),
