@@ -15,7 +15,7 @@ The option ``by_case`` (``qfuse bench moe`` CSVs) gives one row per (shape, M) i
 case: the bf16 MoE's us, then ``x bf16 (% of floor)`` per other case in the CSV's order.
 
 The kind of a CSV is told by its columns: those written by ``qfuse bench gemm`` (W4A16 / W8A16),
-``int8_gemm`` (W8A8, W4A8), ``norm_quant``, ``decoder``, ``act_order``, ``model``, ``eager`` and ``moe``. Every ratio reads
+``int8_gemm`` (W8A8, W4A8), ``norm_quant``, ``decoder``, ``act_order``, ``model``, ``eager``, ``moe`` and ``word_order``. Every ratio reads
 as the other time over the op's (``x bf16`` = bf16 us / op us: above 1 the op is faster); where the
 CSV has that ratio as a column (the bench computed it from unrounded times) the column is used, else
 it is computed from the CSV's times. ``% of floor`` = the floor's time (bytes / the run's measured
@@ -266,6 +266,18 @@ def _eager(rows: list[Row]) -> list[Column]:
     ]
 
 
+def _word_order(rows: list[Row]) -> list[Column]:
+    return [
+        ("what", _text("kind")),
+        ("M", _text("M")),
+        ("N x K", lambda r: f"{r['N']} x {r['K']}" if r.get("N") else f"K {r['K']}"),
+        ("config", _text("config")),
+        ("us", _us("us")),
+        ("us, ATen's order", _us("us_aten")),
+        ("x ATen's order", _ratio("us_aten", "us")),
+    ]
+
+
 # (columns that tell the kind, its table); the first match wins
 KINDS: list[tuple[set[str], Callable[[list[Row]], list[Column]]]] = [
     ({"op_us", "bf16_us", "bits"}, _wna16),
@@ -277,6 +289,7 @@ KINDS: list[tuple[set[str], Callable[[list[Row]], list[Column]]]] = [
     ({"tokens_per_s", "x_bf16", "mode"}, _model),
     ({"host_us", "wall_us", "gpu_us"}, _eager),
     ({"experts_touched", "loop_us", "floor_us"}, _moe),
+    ({"us_aten", "config", "kind"}, _word_order),
 ]
 
 

@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from qfuse import cli
-from qfuse.bench import report
+from qfuse.bench import report, timing
 
 GEMM_ROWS = [
     # a row whose CSV carries the bench's own ratios (computed from unrounded times) ...
@@ -188,3 +188,19 @@ def test_model_build_peak_column_only_where_measured(tmp_path):
     new = report.table(write_csv(tmp_path / "model_new.csv", [{**row, "build_peak_gb": 21.8}])).splitlines()
     assert new[0] == "| case | mode | batch | tokens | ms | tokens/s | x bf16 | weights GB | peak GB | build peak GB | compile s |"
     assert new[2] == "| W4A16 | compiled | 1 | 1 | 3.33 | 300.3 | 1.805 | 5.7 | 6.9 | 21.8 | 42.4 |"
+
+
+def test_word_order_table(tmp_path):
+    """``qfuse bench word_order``'s CSV: a permutation row (no N) and GEMM rows, with and without ATen's order."""
+    rows = [
+        {"kind": "permute", "M": 2048, "N": "", "K": 4096, "config": "BLOCK_K 64", "us": 11.6, "us_aten": 28.1, "GB_s": 2897.0},
+        {"kind": "gemm", "M": 2048, "N": 4096, "K": 14336, "config": "op", "us": 387.8, "us_aten": "", "max_err": 0.0},
+        {"kind": "gemm", "M": 2048, "N": 4096, "K": 14336, "config": "words s3", "us": 377.6, "us_aten": 456.3, "max_err": 0.12},
+    ]
+    path = tmp_path / "word_order.csv"
+    timing.write_csv(rows, path)  # the bench's writer: the union of the rows' columns
+    lines = report.table(path).splitlines()
+    assert lines[0] == "| what | M | N x K | config | us | us, ATen's order | x ATen's order |"
+    assert lines[2] == "| permute | 2048 | K 4096 | BLOCK_K 64 | 11.6 | 28.1 | 2.42 |"
+    assert lines[3] == "| gemm | 2048 | 4096 x 14336 | op | 387.8 |  |  |"
+    assert lines[4] == "| gemm | 2048 | 4096 x 14336 | words s3 | 377.6 | 456.3 | 1.21 |"
