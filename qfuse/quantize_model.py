@@ -411,7 +411,8 @@ def quantize_model(
     and :class:`~qfuse.calibration.GPTQ` steps (one, a list, or their names joined by ``+``:
     ``"gptq"``, ``"sq+gptq"``, ``"awq+gptq"``), run decoder layer by decoder layer on
     ``calibration_data`` (token ids ``[B, T]`` or a list of such batches, e.g.
-    :func:`qfuse.calibration.calibration_batches`) before the Linears are replaced. The static
+    :func:`qfuse.calibration.calibration_batches`, or a tokenizer's padded output, whose rows then
+    run one by one without their padding) before the Linears are replaced. The static
     scheme ``W8A8_STATIC`` needs ``calibration_data`` too (its activation scales). Calibration
     changes the model as it goes (the smoothing and scaling are folded into the norms): an error
     part-way leaves it partly calibrated, so start again from the float model.

@@ -21,6 +21,7 @@ On the CPU the passes run in float32 (bf16 matmuls are ~10x slower there: 90 vs 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +73,12 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 
 def token_batches(data, device: torch.device) -> list[Tensor]:
-    """Calibration token ids as a list of ``[B, T]`` long tensors on ``device``."""
+    """Calibration token ids as a list of ``[B, T]`` long tensors on ``device``. ``data``: a ``[B, T]``
+    or ``[T]`` tensor, a list of them, or a tokenizer's output (a mapping with ``input_ids`` and
+    optionally ``attention_mask``): each row of a padded one becomes its own ``[1, T_i]`` batch of
+    its unpadded tokens, so padding counts in no statistic and no sequence attends to it."""
+    if isinstance(data, Mapping):
+        data = _unpadded_rows(data)
     if isinstance(data, Tensor):
         data = [data] if data.dim() == 2 else [data.unsqueeze(0)] if data.dim() == 1 else None
         if data is None:
@@ -88,6 +94,29 @@ def token_batches(data, device: torch.device) -> list[Tensor]:
     if not batches:
         raise ValueError("calibration_data is empty")
     return batches
+
+
+def _unpadded_rows(encoded: Mapping) -> Tensor | list[Tensor]:
+    """``input_ids`` of a tokenizer's output, as is without an ``attention_mask``, else a list of
+    each row's tokens under its mask (one contiguous run of ones: left or right padding)."""
+    if "input_ids" not in encoded:
+        raise ValueError(f"calibration_data: a mapping needs input_ids (a tokenizer's output), got keys {sorted(encoded)}")
+    ids = torch.as_tensor(encoded["input_ids"])
+    if encoded.get("attention_mask") is None:
+        return ids
+    mask = torch.as_tensor(encoded["attention_mask"])
+    if ids.dim() == 1:
+        ids, mask = ids.unsqueeze(0), mask.unsqueeze(0)
+    if mask.shape != ids.shape:
+        raise ValueError(f"calibration_data: attention_mask {tuple(mask.shape)} and input_ids {tuple(ids.shape)} differ in shape")
+    rows = []
+    for i, (row, keep) in enumerate(zip(ids, mask.bool())):
+        at = keep.nonzero().flatten()
+        if at.numel() and at[-1] - at[0] + 1 != at.numel():
+            raise ValueError(f"calibration_data: row {i}'s attention_mask has gaps (packed sequences?); pass each sequence as its own row")
+        if at.numel():
+            rows.append(row[at])
+    return rows
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from torch import nn
 
 import qfuse
 from qfuse.calibration import AWQ, GPTQ
-from qfuse.calibration.pipeline import decoder_layers
+from qfuse.calibration.pipeline import decoder_layers, token_batches
 from qfuse.quantize_model import quantize_with_simulation
 from tests.helpers import rel_err
 from tests.hf_models import tiny_hf_model
@@ -364,3 +364,50 @@ def test_calibration_runs_past_an_ignored_decoder_layer():
     first, second = model.model.layers
     assert all(type(m) is not qfuse.QuantLinear for m in first.modules()) and isinstance(second.mlp.down_proj, qfuse.QuantLinear)
     assert all(p.dtype == torch.bfloat16 and torch.equal(p, q) for p, q in zip(first.parameters(), base.model.layers[0].parameters(), strict=True))
+
+
+def _padded(rows, left):
+    """A tokenizer's padded output (transformers.BatchEncoding) of the id rows, pad id 0."""
+    from transformers import BatchEncoding
+
+    width = max(r.numel() for r in rows)
+    ids, mask = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        at = slice(width - r.numel(), width) if left else slice(0, r.numel())
+        ids[i, at], mask[i, at] = r, 1
+    return BatchEncoding({"input_ids": ids, "attention_mask": mask})
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_token_batches_take_a_padded_tokenizer_output_row_by_row(left):
+    rows = [torch.arange(5) + 1, torch.arange(3) + 7, torch.arange(6) + 20]
+    batches = token_batches(_padded(rows, left), torch.device("cpu"))
+    assert [b.tolist() for b in batches] == [[r.tolist()] for r in rows]
+    assert torch.equal(token_batches({"input_ids": rows[2]}, torch.device("cpu"))[0], rows[2][None])  # no mask: as is
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"attention_mask": torch.ones(2, 4)}, "needs input_ids"),
+        ({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.ones(2, 3)}, "differ in shape"),
+        ({"input_ids": torch.ones(1, 4, dtype=torch.long), "attention_mask": torch.tensor([[1, 0, 1, 1]])}, "has gaps"),
+    ],
+)
+def test_token_batches_refuse_malformed_tokenizer_outputs(data, match):
+    with pytest.raises(ValueError, match=match):
+        token_batches(data, torch.device("cpu"))
+
+
+def test_padding_takes_no_part_in_calibration():
+    """GPTQ on a right-padded tokenizer output quantizes exactly as on its unpadded rows, and unlike
+    on the padded ids without their mask (where the pad tokens count)."""
+    rows = [DATA[0][0, :32], DATA[1][0, :20], DATA[2][0, :9]]
+
+    def codes(data):
+        model = qfuse.quantize_model(copy.deepcopy(_base("llama")), "W4A16", progress=False, calibration="gptq", calibration_data=data)
+        return torch.cat([m.qweight.flatten() for m in model.modules() if isinstance(m, qfuse.QuantLinear)])
+
+    padded = _padded(rows, left=False)
+    assert torch.equal(codes(padded), codes(rows))
+    assert not torch.equal(codes(padded), codes(padded["input_ids"]))
