@@ -260,6 +260,12 @@ def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
     return None
 
 
+def shipped_pick(op: str, key: tuple, gpu: str) -> dict | None:
+    """The shipped table's config for ``(op, key)`` on ``gpu`` (ops/tuned/), whatever the user cache holds."""
+    pick = (read_json_object(_TUNED_DIR / f"{op}.{gpu}.json") or {}).get(_key_str(op, (gpu, *key)))
+    return pick if isinstance(pick, dict) else None
+
+
 def _save(entry_key: str, config: dict) -> None:
     try:
         merge_into_json(cache_path(), entry_key, config)
@@ -347,8 +353,9 @@ def pick_config(
     shipped config exists. Building a launcher's list costs 15-70 us of Python (60 dicts for a
     W4A16 decode key), which a cached call then no longer pays. ``usable(cfg)``: whether a stored
     pick may run here (a kernel family this version has; an opt-in config only with
-    ``QFUSE_EXPERIMENTAL_KERNELS=1``), checked once per key and process; one that may not is
-    chosen again, with a warning.
+    ``QFUSE_EXPERIMENTAL_KERNELS=1``), checked once per key and process; one that may not gives
+    way to the shipped table's pick of the key (where that may run), else is chosen again, with a
+    warning.
     """
     gpu = device_name(device)
     entry_key = _key_str(op, (gpu, *key))
@@ -364,6 +371,16 @@ def pick_config(
             _checked[entry_key] = hit
             return hit
         _refused[entry_key] = hit
+        # a refused user-cache pick: the shipped table's pick for the same key, where it may run
+        shipped = shipped_pick(op, key, gpu)
+        if shipped is not None and shipped != hit and usable(shipped):
+            _log.warning(
+                "%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); the shipped pick %s runs", entry_key, hit, shipped
+            )
+            with _lock:
+                _memory[entry_key] = shipped
+            _checked[entry_key] = shipped
+            return shipped
         _log.warning("%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); choosing again", entry_key, hit)
     untuned = capturing() or not env_flag("QFUSE_AUTOTUNE", True) or device.type != "cuda"
     memo = (entry_key, experimental_kernels())

@@ -205,6 +205,20 @@ def test_a_stored_pick_that_cannot_run_here_is_chosen_again(fresh_cache, caplog)
     assert "cannot run here" in caplog.text
 
 
+def test_a_refused_user_pick_falls_back_to_the_shipped_pick(fresh_cache, caplog):
+    """An opt-in pick in the user cache (tuned with QFUSE_EXPERIMENTAL_KERNELS=1) does not hide the
+    shipped table's pick for the same key: that runs, not the untuned first candidate."""
+    (fresh_cache / "tuned").mkdir()
+    (fresh_cache / "tuned" / "op.cpu.json").write_text(json.dumps({"op|cpu|1|64": {"kernel": "k", "B": 2}}))
+    (fresh_cache / "user.json").write_text(json.dumps({"op|cpu|1|64": {"kernel": "k", "B": 3, "OPT_IN": True}}))
+    cands = [{"kernel": "k", "B": 1}, {"kernel": "k", "B": 2}]
+    usable = lambda c: "OPT_IN" not in c  # noqa: E731
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        for _ in range(2):
+            assert _autotune.pick_config("op", (1, 64), cands, _never_run, torch.device("cpu"), usable) == {"kernel": "k", "B": 2}
+    assert caplog.text.count("the shipped pick") == 1
+
+
 def test_a_refused_stored_pick_is_checked_and_warned_about_once(fresh_cache, caplog):
     """Where nothing is measured (QFUSE_AUTOTUNE=0, graph capture) the refused pick stays stored:
     one warning per key and process, not one per call of every layer."""

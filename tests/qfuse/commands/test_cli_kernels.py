@@ -121,21 +121,35 @@ def test_explain_shows_the_untuned_eager_pick_and_the_float32_form(capsys, monke
 
 def test_explain_does_not_name_a_stored_pick_the_op_refuses(capsys, monkeypatch, tmp_path):
     """A cached opt-in config (cached with QFUSE_EXPERIMENTAL_KERNELS=1) or one of a family this
-    version lacks: the op warns and chooses again, so it is not what --explain says runs."""
+    version lacks: the op warns and runs the shipped pick of the key, or chooses again where the
+    table has none, so the cached config is not what --explain says runs."""
     import json
 
     opt_in = OPT_IN_MMA_WORDS
     cache = tmp_path / "autotune.json"
-    cache.write_text(
-        json.dumps({"wna16_gemm|NVIDIA_H200|16|4096|4096|128|bfloat16|4": opt_in, "w8a8_gemm|NVIDIA_H200|2048|4096|14336": {"kernel": "gone"}})
-    )
+    refused = {
+        "wna16_gemm|NVIDIA_H200|16|4096|4096|128|bfloat16|4": opt_in,
+        "wna16_gemm|NVIDIA_H200|16|4096|4352|128|bfloat16|4": opt_in,  # a shape the table does not ship
+        "w8a8_gemm|NVIDIA_H200|2048|4096|14336": {"kernel": "gone"},
+    }
+    cache.write_text(json.dumps(refused))
     monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(cache))
     monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
-    for args, stored in ((["16", "4096", "4096", "W4A16"], "'MAXNREG': 128"), (["2048", "4096", "14336", "W8A8"], "'kernel': 'gone'")):
+    cases = (
+        (["16", "4096", "4096", "W4A16"], "'MAXNREG': 128", True),
+        (["16", "4096", "4352", "W4A16"], "'MAXNREG': 128", False),
+        (["2048", "4096", "14336", "W8A8"], "'kernel': 'gone'", True),
+    )
+    for args, stored, shipped in cases:
         assert cli.main(["kernels", "--explain", *args, "--gpu", "NVIDIA_H200"]) == 0
         out = capsys.readouterr().out
         picked = next(line for line in out.splitlines() if line.strip().startswith("picked:"))
-        assert stored not in picked and "untuned heuristic" in out and "cannot run here" in out
+        source = next(line for line in out.splitlines() if line.strip().startswith("from:"))
+        assert stored not in picked and "cannot run here" in out
+        if shipped:
+            assert "the shipped pick runs" in out and "the shipped table" in source
+        else:
+            assert "chosen again" in out and "untuned heuristic" in source
     monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
     assert cli.main(["kernels", "--explain", "16", "4096", "4096", "W4A16", "--gpu", "NVIDIA_H200"]) == 0
     out = capsys.readouterr().out
