@@ -124,7 +124,8 @@ def explain(
 
     def stored(op: str, what: str):
         """The stored pick of ``op`` at ``key`` and its source, or None where there is none or the op
-        refuses it (it warns and chooses again: pick_config), which a line then says."""
+        refuses it and the shipped table has no pick it may run in its place (it warns and chooses
+        again: pick_config); a refusal gets a line saying so."""
         hit = lookup(op, key, gpu)
         if hit is not None and not usable(hit[0]):
             line = f"  {what}: {hit[0]} in {hit[1]}: cannot run here (an unknown kernel family, or opt-in)"
