@@ -260,10 +260,11 @@ def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
     return None
 
 
-def shipped_pick(op: str, key: tuple, gpu: str) -> dict | None:
-    """The shipped table's config for ``(op, key)`` on ``gpu`` (ops/tuned/), whatever the user cache holds."""
+def shipped_replacement(op: str, key: tuple, gpu: str, refused: dict, usable: Callable[[dict], bool]) -> dict | None:
+    """What runs in place of a stored pick ``usable`` refuses (a user-cache entry): the shipped table's
+    config for ``(op, key)`` on ``gpu`` (ops/tuned/) where it differs and may run; None: chosen again."""
     pick = (read_json_object(_TUNED_DIR / f"{op}.{gpu}.json") or {}).get(_key_str(op, (gpu, *key)))
-    return pick if isinstance(pick, dict) else None
+    return pick if isinstance(pick, dict) and pick != refused and usable(pick) else None
 
 
 def _save(entry_key: str, config: dict) -> None:
@@ -371,9 +372,8 @@ def pick_config(
             _checked[entry_key] = hit
             return hit
         _refused[entry_key] = hit
-        # a refused user-cache pick: the shipped table's pick for the same key, where it may run
-        shipped = shipped_pick(op, key, gpu)
-        if shipped is not None and shipped != hit and usable(shipped):
+        shipped = shipped_replacement(op, key, gpu, hit, usable)
+        if shipped is not None:
             _log.warning(
                 "%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); the shipped pick %s runs", entry_key, hit, shipped
             )

@@ -70,7 +70,7 @@ def explain(
     moe: tuple[int, int] | None = None,
 ) -> str:
     """The report ``qfuse kernels --explain`` prints; ``moe=(E, top_k)``: for ``fused_moe`` (N = I, K = H)."""
-    from ..ops._autotune import lookup, shipped_pick
+    from ..ops._autotune import lookup, shipped_replacement
     from ..ops.int8 import dispatch as int8_dispatch
     from ..ops.wna16 import dispatch as wna16_dispatch
 
@@ -129,8 +129,8 @@ def explain(
         hit = lookup(op, key, gpu)
         if hit is not None and not usable(hit[0]):
             line = f"  {what}: {hit[0]} in {hit[1]}: cannot run here (an unknown kernel family, or opt-in)"
-            shipped = shipped_pick(op, key, gpu)
-            if shipped is not None and shipped != hit[0] and usable(shipped):  # pick_config runs the shipped pick then
+            shipped = shipped_replacement(op, key, gpu, hit[0], usable)
+            if shipped is not None:  # what pick_config runs then
                 lines.append(line + "; the shipped pick runs")
                 return shipped, f"the shipped table (ops/tuned/{op}.{gpu}.json)"
             lines.append(line + "; chosen again")
