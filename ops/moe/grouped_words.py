@@ -22,6 +22,12 @@ channel: after the loop), or with ``SCALE_W`` the weight, as in the dense kernel
 has the math and tolerances).
 Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or per channel
 (``SCALE_W``: any multiple of 32).
+
+Opt-in forms for the M = 8-16 gap (Mixtral: 45 % of the floor, against 58-62 % at M = 1-4), not
+timed on a GPU yet: ``X_WORDS`` (x permuted once into the MMA's k order by ``word_order_triton``,
+h stored by fc1 in that order: each tile loads its activations as they are; bit-equal),
+``FOLD_ZERO`` (the zero point folded out of the dequantization, ops/wna16/mma_words.py
+``words_mma_step``) and ``MAXNREG`` (a register cap: 3 blocks per SM).
 """
 
 from __future__ import annotations
@@ -38,15 +44,16 @@ from .._views import aligned_view
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
 from ..wna16.mma_words import LAUNCH_OPTIONS, mma_words_supported, words_mma_step, words_neg_zero
+from ..wna16.tma import word_order_triton
 from .align import align_block_size, fc1_row_div
 from .grouped_gemm import moe_sum
 
 
 @triton.jit
 def _moe_mma_words_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, topw_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, topw_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, xs_ptr,
     P, N, KW, G, stride_xm, ROW_DIV, W_PER_SPLIT,
-    GATED: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr,
+    GATED: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, X_WORDS: tl.constexpr, FOLD_ZERO: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)  # fastest: the programs in flight share their block's activation rows
@@ -73,17 +80,22 @@ def _moe_mma_words_kernel(
     w_start = pid_k * W_PER_SPLIT
     for it in range(0, W_PER_SPLIT // 16):
         w0 = w_start + it * 16
+        xs = tl.load(xs_ptr + rm * (KW // 16) + w0 // 16) if FOLD_ZERO else None
         acc = words_mma_step(acc, neg, w0, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
-                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
+                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
         if GATED:
             acc_up = words_mma_step(acc_up, neg_up, w0, qw_e, s_e, z_e, x_ptr, rn + N, rm, KW, G, stride_xm,
-                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
+                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
     if GROUP == -1:
         acc = acc * tl.load(s_e + rn).to(tl.float32)[:, None]
         if GATED:
             acc_up = acc_up * tl.load(s_e + rn + N).to(tl.float32)[:, None]
     mask = valid[:, None] & (offs_n < N)[None, :]
-    out = out_ptr + pid_k * P * N + ids[:, None] * N + offs_n[None, :]
+    cols = offs_n
+    if GATED and X_WORDS:  # h in the k' order fc2 reads (word_order): natural 32c + 8q + 4e + 2sl + h'
+        t = offs_n % 128
+        cols = offs_n - t + ((t >> 3) & 3) * 32 + ((t >> 1) & 1) * 16 + (t & 1) * 8 + (t >> 5) * 2 + ((t >> 2) & 1)
+    out = out_ptr + pid_k * P * N + ids[:, None] * N + cols[None, :]
     if GATED:
         h = silu_mul_f32(tl.trans(acc), tl.trans(acc_up), INTERPRET)
         tl.store(out, to_act_dtype(h, dtype, INTERPRET), mask=mask)
@@ -107,15 +119,22 @@ def moe_mma_words(
     while split_k > 1 and kw % (16 * split_k):  # whole 16-word tiles per split
         split_k -= 1
     sorted_ids, expert_ids, total = route
+    fold = bool(cfg.get("FOLD_ZERO", False))
+    if fold and (cfg.get("SCALE_W") or group_size <= 0 or group_size % 128):
+        raise ValueError(f"moe_mma_words: FOLD_ZERO needs groups of a multiple of 128 and no SCALE_W; got group_size={group_size}, {cfg}")
+    # FOLD_ZERO: float32 sums of each 128-code tile of a row (two torch kernels; the permutation of
+    # X_WORDS stays within a tile, so the sums are the same)
+    xs = x.float().view(x.shape[0], -1, 128).sum(-1) if fold else None
     out = torch.empty((pairs, n) if gated else (split_k, pairs, n), dtype=x.dtype if gated else torch.float32, device=x.device)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]), expert_ids.numel(), split_k)
+    cap = {"maxnreg": cfg["MAXNREG"]} if "MAXNREG" in cfg and x.is_cuda else {}  # a compile option; the interpreter has none
     with device_guard(x):
         launch(_moe_mma_words_kernel, grid,
             x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, topw if topw is not None else scales,
-            out, sorted_ids, expert_ids, total, pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
-            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)),
+            out, sorted_ids, expert_ids, total, xs if xs is not None else scales, pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
+            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda, INTERPRET=interpreting(),
-            num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]),
+            num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
         )  # fmt: skip
     return out
 
@@ -128,7 +147,8 @@ def run_moe_grouped_words(
     top_k = experts.shape[1]
     pairs = experts.numel()
     route = align_block_size(experts, w13.shape[0], cfg["BLOCK_M"])
-    h = moe_mma_words(x.contiguous(), w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, fc1_row_div(x, experts), 1)
+    x = word_order_triton(x, 128) if cfg.get("X_WORDS") else x.contiguous()
+    h = moe_mma_words(x, w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, fc1_row_div(x, experts), 1)
     y = moe_mma_words(h, w2, w2_scale, w2_zeros, weights.reshape(-1).contiguous(), group_size, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1))
     return moe_sum(y, top_k, x.dtype)
 
@@ -154,17 +174,34 @@ def configs(p: Problem, exhaustive: bool) -> list[dict]:
     bms = (16,) if m_bucket(p.m) <= 16 else (16, 32)
     forms = [sw for sw in (False, True) if mma_words_supported(p.k, p.group_size, sw) and mma_words_supported(p.n, p.group_size, sw)]
     tiles = [(128, 8, 4), (128, 4, 4), (64, 4, 4), (256, 8, 3)]
-    return [
+    out = [
         {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "num_warps": w, "num_stages": st}
         for bm in bms
         for bn, w, st in tiles
         for sp in (1, 4)
         for sw in forms
     ]
+    # opt-in, not timed on a GPU yet (sm_90 SASS of the loop, g128 bf16, 128 rows / 8 warps, triton
+    # 3.7.1, per weight byte, fc1 / fc2): X_WORDS 4.78 / 5.91 against 4.80 / 5.59 (no activation
+    # permute and shared-memory store in the loop, more descriptor arithmetic); FOLD_ZERO 4.20 / 5.62
+    # (no packed add per code pair; the tile sums' loads); MAXNREG 80 with 3 stages: 3 blocks of
+    # 8 warps per SM instead of 2 (fc2: no spill; fc1: 96 B of stack)
+    plain = [c for c in out if c["BLOCK_M"] == bms[0] and c["BLOCK_N"] != 256]
+    out += [{**c, "X_WORDS": True} for c in plain]
+    if p.group_size > 0 and p.group_size % 128 == 0:
+        folds = [{**c, "FOLD_ZERO": True} for c in plain if not c["SCALE_W"]]
+        out += folds + [{**c, "X_WORDS": True} for c in folds]
+    out += [{**c, "num_stages": 3, "MAXNREG": 80} for c in plain if c["BLOCK_N"] == 128 and c["num_warps"] == 8 and not c["SCALE_W"]]
+    return out
+
+
+def _opt_in(cfg: dict) -> str:
+    forms = [k for k in ("X_WORDS", "FOLD_ZERO", "MAXNREG") if k in cfg]
+    return f"{' + '.join(forms)}: not timed on a GPU yet" if forms else ""
 
 
 def _run(cfg, *args):
     return run_moe_grouped_words(cfg, *args)
 
 
-FAMILY = KernelFamily("grouped_words", "moe/grouped_words", _supports, configs, _run)
+FAMILY = KernelFamily("grouped_words", "moe/grouped_words", _supports, configs, _run, opt_in=_opt_in)

@@ -99,6 +99,19 @@ def _dequant_asm(magic: int, one: int, ty: str, scaled: bool, byte_pairs: bool) 
     return "{\n" + head + body.replace("MAGIC2", f"{magic:#x}").replace("TYPE", ty) + "}"
 
 
+def _magic_asm(magic: int) -> str:
+    """One word -> 4 pairs ``MAGIC + u`` (no zero point subtracted): lop3 and a shift per pair."""
+    body = ""
+    for p in range(4):
+        src = "$8" if p == 0 else "t"
+        if p:
+            body += f"shr.u32 t, $8, {4 * p};\n"
+        body += f"lop3.b32 v, {src}, 0x000F000F, {magic:#x}, 0xEA;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, v;\n"
+    return "{\n.reg .b32 v, t;\n" + body + "}"
+
+
+_BF16_MAGIC = tl.constexpr(_magic_asm(0x43004300))
+_FP16_MAGIC = tl.constexpr(_magic_asm(0x64006400))
 _BF16 = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", False, False))
 _BF16_SCALED = tl.constexpr(_dequant_asm(0x43004300, 0x3F803F80, "bf16x2", True, False))
 _FP16 = tl.constexpr(_dequant_asm(0x64006400, 0x3C003C00, "f16x2", False, False))
@@ -125,6 +138,22 @@ def _run_asm(words, neg, s, TEXT: tl.constexpr, dtype: tl.constexpr, SCALE_W: tl
             return tl.inline_asm_elementwise(TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, neg], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
         else:
             return tl.inline_asm_elementwise(TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, neg], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def magic_pairs(words, dtype: tl.constexpr, ASM: tl.constexpr):
+    """int32 ``words`` -> 8 tensors: pairs (nibbles p, p + 4) as ``MAGIC + u`` in ``dtype`` (exact)."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise(_BF16_MAGIC, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise(_FP16_MAGIC, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        magic = 128.0 if dtype == tl.bfloat16 else 1024.0
+        out = ()
+        for i in tl.static_range(8):
+            out = out + ((((words >> (4 * ((i % 2) * 4 + i // 2))) & 15).to(tl.float32) + magic).to(dtype),)
+        return out
 
 
 @triton.jit
@@ -176,12 +205,22 @@ def words_neg_zero(z_ptr, rn, dtype: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO
 def words_mma_step(
     acc, neg, w0, qw_ptr, s_ptr, z_ptr, x_ptr, rn, rm, KW, G, stride_xm,
     dtype: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, BYTE_PAIRS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    X_WORDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    FOLD_ZERO: tl.constexpr = False, xs=None,
 ):  # fmt: skip
     """One 128-code tile (words ``w0 .. w0 + 15`` of rows ``rn``) of the loop of the kernels that
     read int4 words into the MMA (the dense op's and fused_moe's ``grouped_words``): ``acc
     [BLOCK_N, BLOCK_M]`` += the tile's dot with the activation rows ``rm``; ``neg`` from
-    :func:`words_neg_zero` (with zero points and groups, each tile loads its own)."""
+    :func:`words_neg_zero` (with zero points and groups, each tile loads its own). ``X_WORDS``: the
+    activations already in k' order (ops/wna16/tma.py ``word_order``), loaded as they are.
+    ``FOLD_ZERO`` (GROUP % 128 == 0, not SCALE_W): the codes go to the MMA as ``MAGIC + u`` (a lop3
+    per pair, no packed add) and the tile's dot loses ``(MAGIC + z) * xs`` after it, ``xs
+    [BLOCK_M]`` the float32 sums of the activation rows over this tile::
+
+        acc[n, m] += (sum_k' (MAGIC + u)[n, k'] x[m, k'] - (MAGIC + z[n]) * xs[m]) * s[n, g]
+
+    The products are exact; the float32 sums cancel terms up to (MAGIC + 15) times those of the
+    plain form (143x in bf16, 1039x in fp16), a few bits of float32's 24."""
     BLOCK_K: tl.constexpr = 128
     MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
     kc = tl.arange(0, 4) * 32  # words (c, 0..3) of a tile hold natural k = 32c .. 32c + 31: one group (GROUP >= 32)
@@ -205,8 +244,11 @@ def words_mma_step(
             g = k0 // GROUP
             if HAS_ZEROS:
                 neg = (-(tl.load(z_ptr + rn * G + g).to(tl.float32) + MAGIC)).to(dtype)[:, None, None]
-    l0, h0, l1, h1, l2, h2, l3, h3 = word_pairs(words, tl.broadcast_to(neg, (BLOCK_N, 4, 4)), tl.broadcast_to(s_w, (BLOCK_N, 4, 4)),
-                                                dtype, SCALE_W, BYTE_PAIRS, ASM)  # fmt: skip
+    if FOLD_ZERO:
+        l0, h0, l1, h1, l2, h2, l3, h3 = magic_pairs(words, dtype, ASM)
+    else:
+        l0, h0, l1, h1, l2, h2, l3, h3 = word_pairs(words, tl.broadcast_to(neg, (BLOCK_N, 4, 4)), tl.broadcast_to(s_w, (BLOCK_N, 4, 4)),
+                                                    dtype, SCALE_W, BYTE_PAIRS, ASM)  # fmt: skip
     # pair p = 2sl + h of word (c, q): [n, c, q, e, h, sl] -> [n, q, sl, h, c, e] = k' order
     a = tl.join(tl.join(tl.join(l0, h0), tl.join(l1, h1)), tl.join(tl.join(l2, h2), tl.join(l3, h3)))
     a = tl.reshape(tl.permute(a, (0, 2, 5, 4, 1, 3)), (BLOCK_N, BLOCK_K))
@@ -220,11 +262,16 @@ def words_mma_step(
         xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + nat)[None, :], eviction_policy="evict_last")
     else:
         xt = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + tl.arange(0, BLOCK_K))[None, :], eviction_policy="evict_last")
-        # natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e (in registers: the
-        # pairs (e) are 4 apart, too fine for an async copy; stored to shared memory in the loop)
-        xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
+        if not X_WORDS:
+            # natural k = 32c + 8q + 4e + 2sl + h -> k' = 32q + 16sl + 8h + 2c + e (in registers: the
+            # pairs (e) are 4 apart, too fine for an async copy; stored to shared memory in the loop)
+            xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
     if SCALE_W or GROUP == -1:
         acc = mma(a, tl.trans(xt), acc, DOT_F32)
+    elif FOLD_ZERO:  # the codes came as MAGIC + u: take (MAGIC + z) * sum_k' x off the tile's dot
+        d = mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32)
+        neg_f = tl.reshape(neg, (BLOCK_N,)).to(tl.float32)  # -(MAGIC + z), exact in dtype
+        acc += (d + neg_f[:, None] * xs[None, :]) * tl.load(s_ptr + rn * G + g).to(tl.float32)[:, None]
     else:
         acc += mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32) * tl.load(s_ptr + rn * G + g).to(tl.float32)[:, None]
     return acc
@@ -244,7 +291,7 @@ def _w4a16_mma_words_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for it in range(0, W_PER_SPLIT // 16):
         acc = words_mma_step(acc, neg, w_start + it * 16, qw_ptr, s_ptr, z_ptr, x_ptr, rn, rm, KW, G, stride_xm,
-                                  dtype, GROUP, HAS_ZEROS, SCALE_W, BYTE_PAIRS, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
+                                  dtype, GROUP, HAS_ZEROS, SCALE_W, BYTE_PAIRS, False, BLOCK_M, BLOCK_N, ASM, DOT_F32)  # fmt: skip
     store_tile(tl.trans(acc), s_ptr, bias_ptr, out_ptr, ws_ptr, count_ptr, rn, offs_m, offs_n, pid_k, M, N, G, GROUP, HAS_BIAS, SPLIT_K)
 
 

@@ -1,8 +1,9 @@
 """The tensor-core word family of ``qfuse::fused_moe`` (ops/moe/grouped_words.py) against the op's
 reference, under the Triton interpreter (CPU, CI): group 128 symmetric and with zero points,
 per channel with zero points, groups of 32 (``SCALE_W``), K splits, blocks of 16 and 32 rows,
-decode M, idle experts, all tokens to one expert (several blocks of one expert); on the GPU every
-config at decode M and a CUDA-graph capture. Tolerance as in test_grouped_gemm.py."""
+decode M, idle experts, all tokens to one expert (several blocks of one expert), the opt-in forms
+(``X_WORDS``: the activations in the MMA's k order, bit-equal to the plain form; ``FOLD_ZERO``: the
+zero point taken off each tile's dot); on the GPU every config at decode M and a CUDA-graph capture. Tolerance as in test_grouped_gemm.py."""
 
 from __future__ import annotations
 
@@ -39,6 +40,66 @@ def test_kernel_matches_reference(case):
     x, logits, args = _gpu_moe(fmt, m, h, i, e, dtype, device="cpu")
     out = run_words(x, logits, top_k, m != 2, args, cfg)
     assert_close_to_ref(out, fused_moe_ref(x, logits, top_k, m != 2, *args), False)
+
+
+@pytest.mark.parametrize("case", CASES[1:4] + CASES[5:], ids=[f"{c[0]}-M{c[1]}" for c in CASES[1:4] + CASES[5:]])
+def test_activations_in_word_order_change_nothing(case):
+    """``X_WORDS``: x permuted once (``word_order``), h stored by fc1 in that order: the MMAs see the
+    same operands, so the output is bit-equal to the plain form's (the interpreter's float32 dots)."""
+    fmt, m, dtype, h, i, e, top_k, cfg = case
+    x, logits, args = _gpu_moe(fmt, m, h, i, e, dtype, device="cpu")
+    plain = run_words(x, logits, top_k, True, args, cfg)
+    assert torch.equal(run_words(x, logits, top_k, True, args, {**cfg, "X_WORDS": True}), plain)
+
+
+def test_fc1_stores_h_in_word_order():
+    """fc1 with ``X_WORDS`` writes each 128-column tile of h in ``word_order``'s column order."""
+    from qfuse.ops.moe.align import align_block_size, fc1_row_div
+    from qfuse.ops.moe.grouped_words import moe_mma_words
+    from qfuse.ops.wna16.tma import word_order
+
+    x, logits, args = _gpu_moe("W4A16_G128", 3, 128, 256, 4, torch.bfloat16, device="cpu")
+    weights, experts = topk_routing(logits, 2, True)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4}
+    route = align_block_size(experts, 4, 16)
+    h = [moe_mma_words(xx, *args[:3], None, 128, {**cfg, "X_WORDS": xw}, route, 6, fc1_row_div(x, experts), 1)
+         for xw, xx in ((False, x), (True, word_order(x, 128)))]  # fmt: skip
+    assert torch.equal(h[1], word_order(h[0], 128))
+
+
+FOLD_CASES = [c for c in CASES if c[0] in ("W4A16_G128", "W4A16_ASYM_G128")]
+
+
+@pytest.mark.parametrize("case", FOLD_CASES, ids=[f"{c[0]}-M{c[1]}" for c in FOLD_CASES])
+def test_folded_zero_point_matches_reference(case):
+    """``FOLD_ZERO`` (with and without ``X_WORDS``): codes as ``MAGIC + u``, ``(MAGIC + z) * sum x``
+    off each tile's dot; symmetric and per-group zero points, bf16 and fp16."""
+    fmt, m, dtype, h, i, e, top_k, cfg = case
+    x, logits, args = _gpu_moe(fmt, m, h, i, e, dtype, device="cpu")
+    ref = fused_moe_ref(x, logits, top_k, True, *args)
+    for extra in ({"FOLD_ZERO": True}, {"FOLD_ZERO": True, "X_WORDS": True}):
+        assert_close_to_ref(run_words(x, logits, top_k, True, args, {**cfg, **extra}), ref, False)
+
+
+def test_folded_zero_point_refused_where_the_scale_is_not_per_tile():
+    x, logits, args = _gpu_moe("W4A16_ASYM_CH", 2, 128, 128, 4, torch.bfloat16, device="cpu")
+    with pytest.raises(ValueError, match="FOLD_ZERO needs groups of a multiple of 128"):
+        run_words(x, logits, 2, True, args, {"BLOCK_M": 16, "BLOCK_N": 64, "FOLD_ZERO": True})
+    p = Problem(16, 14336, 4096, 4, -1, torch.bfloat16, act_bits=16)
+    assert not [c for c in configs(p, False) if "FOLD_ZERO" in c]
+
+
+def test_untimed_forms_are_opt_in(monkeypatch):
+    """X_WORDS / FOLD_ZERO / MAXNREG are offered only with QFUSE_EXPERIMENTAL_KERNELS=1."""
+    p = Problem(16, 14336, 4096, 4, 128, torch.bfloat16, act_bits=16)
+    forms = ("X_WORDS", "FOLD_ZERO", "MAXNREG")
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS", raising=False)
+    offered = [c for c in REGISTRY.offered(p) if c["kernel"] == "grouped_words"]
+    assert offered and not [c for c in offered if any(f in c for f in forms)]
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    offered = [c for c in REGISTRY.offered(p) if c["kernel"] == "grouped_words"]
+    assert {f for c in offered for f in forms if f in c} == set(forms)
+    assert all("not timed on a GPU yet" in FAMILY.opt_in_reason(c) for c in offered if any(f in c for f in forms))
 
 
 def test_all_tokens_to_one_expert():
