@@ -1,7 +1,10 @@
 """Layer-by-layer calibration of a decoder: SmoothQuant, AWQ and GPTQ in one pass over the
 layers, so peak memory stays near one decoder layer's activations for the calibration batches.
 
-For each decoder layer, on the inputs the already-quantized layers before it produce:
+For each decoder layer, on the hidden states the already-quantized layers before it produce and
+with the mask and rotary inputs the model gives its kind of layer (``config.layer_types``:
+sliding-window and full attention get different masks; one forward, stopped at the first layer
+of the last kind, captures each kind's call):
 
 1. **Statistics pass** (float layer): per-channel ``max |x|`` of every Linear's input, the GPTQ
    Hessians ``X^T X`` and, for AWQ, a sample of the inputs (at most ``AWQ.tokens`` rows).
@@ -38,7 +41,7 @@ from .static_scales import search_static_scale
 
 
 class _StopForward(Exception):
-    """Raised by the hook that captures the first decoder layer's inputs."""
+    """Raised by the hook that captures the last needed decoder layer's inputs."""
 
 
 @dataclass
@@ -119,16 +122,29 @@ def _unpadded_rows(encoded: Mapping) -> Tensor | list[Tensor]:
     return rows
 
 
+def layer_kinds(model: nn.Module, n: int) -> list[str]:
+    """Each decoder layer's attention kind, from ``config.layer_types`` (Hugging Face: "full_attention",
+    "sliding_attention", ...), or "" for all where the model declares none. The model gives the
+    layers of one kind the same mask and rotary inputs (Gemma 3: its local rotary base too)."""
+    kinds = getattr(getattr(model, "config", None), "layer_types", None)
+    return [str(k) for k in kinds] if isinstance(kinds, (list, tuple)) and len(kinds) == n else [""] * n
+
+
 @torch.no_grad()
-def _capture_inputs(model: nn.Module, first: nn.Module, batches: list[Tensor]) -> list[tuple[tuple, dict]]:
-    """The positional and keyword arguments the first decoder layer is called with, per batch."""
-    captured = []
+def _capture_inputs(model: nn.Module, firsts: dict[str, nn.Module], batches: list[Tensor]) -> dict[str, list[tuple[tuple, dict]]]:
+    """Per layer kind, the positional and keyword arguments the kind's first decoder layer
+    (``firsts``) is called with, per batch; each batch's forward stops at the last of them."""
+    captured: dict[str, list] = {k: [] for k in firsts}
 
-    def hook(module, args, kwargs):
-        captured.append((args, kwargs))
-        raise _StopForward
+    def hook(kind):
+        def record(module, args, kwargs):
+            captured[kind].append((args, kwargs))
+            if all(len(c) == len(captured[kind]) for c in captured.values()):
+                raise _StopForward
 
-    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+        return record
+
+    handles = [layer.register_forward_pre_hook(hook(k), with_kwargs=True) for k, layer in firsts.items()]
     params = inspect.signature(model.forward).parameters
     # no KV cache for a Hugging Face model; a decoder without the argument (qfuse's TinyLlama) has none
     kwargs = {"use_cache": False} if "use_cache" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()) else {}
@@ -139,7 +155,8 @@ def _capture_inputs(model: nn.Module, first: nn.Module, batches: list[Tensor]) -
             except _StopForward:
                 pass
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     return captured
 
 
@@ -251,15 +268,21 @@ class LayerCalibrator:
         batches = token_batches(data, device)
         if self.sq is not None or self.awq is not None:
             check_foldable(layers, " + ".join(type(r).__name__ for r in (self.sq, self.awq) if r))
-        inputs = _cast_floats(_capture_inputs(model, layers[0], batches), compute)
+        kinds = layer_kinds(model, len(layers))
+        # each layer runs with the mask / rotary inputs of its kind, on the hidden states the
+        # (quantized) layers before it produce
+        per_kind = _cast_floats(_capture_inputs(model, {k: layers[kinds.index(k)] for k in dict.fromkeys(kinds)}, batches), compute)
+        hidden = [_hidden(a, k) for a, k in per_kind[kinds[0]]]
+        per_kind = {kind: [_with_hidden(a, k, None) for a, k in calls] for kind, calls in per_kind.items()}  # only the other arguments
         done: dict[str, CalibratedLinear] = {}
         desc = "qfuse calibrate (" + "+".join(type(r).__name__ for r in (self.sq, self.awq, self.gptq) if r) + ")"
         for i, layer in enumerate(tqdm(layers, desc=desc.replace("()", "(rtn)"), unit="layer", disable=not progress)):
             names = {n for n, m in layer.named_modules() if isinstance(m, nn.Linear) and f"{prefix}.{i}.{n}" in self.schemes}
             layer.to(compute)  # the inputs are in the compute dtype, quantized or not (an ignored layer)
+            inputs = [_with_hidden(a, k, h) for (a, k), h in zip(per_kind[kinds[i]], hidden)]
             if names:
                 done.update(self._calibrate_layer(layer, f"{prefix}.{i}.", names, inputs, model_dtype))
-            inputs = [_with_hidden(a, k, h) for (a, k), h in zip(inputs, _run_layer(layer, inputs))]
+            hidden = _run_layer(layer, inputs)
             for p in layer.parameters():  # what stays float (the norms, an ignored layer) returns to the model's dtype
                 p.data = p.data.to(model_dtype)
             for b in layer.buffers():

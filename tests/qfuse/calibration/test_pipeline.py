@@ -15,7 +15,7 @@ from torch import nn
 
 import qfuse
 from qfuse.calibration import AWQ, GPTQ
-from qfuse.calibration.pipeline import decoder_layers, token_batches
+from qfuse.calibration.pipeline import _hidden, decoder_layers, token_batches
 from qfuse.quantize_model import quantize_with_simulation
 from tests.helpers import rel_err
 from tests.hf_models import tiny_hf_model
@@ -411,3 +411,34 @@ def test_padding_takes_no_part_in_calibration():
     padded = _padded(rows, left=False)
     assert torch.equal(codes(padded), codes(rows))
     assert not torch.equal(codes(padded), codes(padded["input_ids"]))
+
+
+def test_each_layer_kind_gets_its_own_mask():
+    """A decoder with sliding-window and full-attention layers (``config.layer_types``): every layer
+    is calibrated on the inputs the float model gives it, the full-attention layer with its full
+    causal mask, although the first layer (whose call is captured) slides over 4 tokens."""
+    import transformers as tf
+
+    from qfuse.calibration.pipeline import LayerCalibrator
+    from qfuse.schemes import get_scheme
+
+    kinds = ["sliding_attention", "full_attention", "sliding_attention"]
+    cfg = tf.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, use_sliding_window=True, sliding_window=4, layer_types=kinds)  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.Qwen2ForCausalLM(cfg).eval()
+    data = torch.randint(0, 256, (2, 16))
+    expected = [[] for _ in kinds]
+    hooks = [layer.register_forward_pre_hook(lambda m, a, k, i=i: expected[i].append(a[0] if a else k["hidden_states"]), with_kwargs=True)
+             for i, layer in enumerate(model.model.layers)]  # fmt: skip
+    with torch.no_grad():
+        model(input_ids=data, use_cache=False)
+    for h in hooks:
+        h.remove()
+    seen = []
+    cal = LayerCalibrator([], {f"model.layers.{i}.mlp.down_proj": get_scheme("W4A16") for i in range(3)})
+    cal._calibrate_layer = lambda layer, prefix, names, inputs, dtype: seen.append(torch.cat([_hidden(a, k) for a, k in inputs])) or {}
+    cal.run(model, data, progress=False)
+    assert len(seen) == 3
+    for i in range(3):
+        torch.testing.assert_close(seen[i], expected[i][0], rtol=0, atol=0)
