@@ -96,9 +96,16 @@ def _args(argv):
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, activations and router logits")
     p.add_argument("--replays", type=int, default=20, help="CUDA-graph replays timed (the median is reported)")
     p.add_argument("--every-config", action="store_true", help="also time every config of every family (moe_configs.csv, moe_picks.json)")
+    p.add_argument("--families", nargs="+", default=None, help="--every-config: only these kernel families' configs (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench_results/moe"), help="folder for moe.csv and moe.png")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny shapes, reference kernel, wall-clock timing
     args = p.parse_args(argv)
+    if args.families:
+        from qfuse.ops.moe.dispatch import REGISTRY
+
+        known = [f.name for f in REGISTRY.families]
+        if unknown := [f for f in args.families if f not in known]:
+            p.error(f"--families: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     cpu = args.device == "cpu"
     args.shapes = args.shapes or list(CPU_SHAPES if cpu else GPU_SHAPES)
     args.m = args.m or list(CPU_M if cpu else DEFAULT_M)
@@ -193,8 +200,8 @@ def _picked_config(dev: torch.device, m: int, e: int, i: int, h: int, top_k: int
     return "" if cfg is None else str(cfg)
 
 
-def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float) -> list[dict]:
-    """One row per config of every family that supports this call's key (opt-in ones included):
+def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float, families=None) -> list[dict]:
+    """One row per config of every family (of ``families``, where given) that supports this call's key (opt-in ones included):
     ``family``, ``config``, ``us`` (``timed`` over the weight copies ``sets``), ``x_pick``
     (``pick_us`` / us), ``opt_in`` (why its family keeps it opt-in, "" if offered), ``max_rel_err``
     against ``ref``; a config that fails gets its ``error``."""
@@ -206,6 +213,8 @@ def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float) -
     p = problem(x.shape[0], sets[0][0].shape[1] // 2, x.shape[1], bits, group, x.dtype, act_bits)
     rows = []
     for cfg in REGISTRY.candidates(p):
+        if families and cfg["kernel"] not in families:
+            continue
         row = {"family": cfg["kernel"], "config": str(cfg), "opt_in": REGISTRY.family(cfg["kernel"]).opt_in_reason(cfg)}
         try:
             err = _rel_err(REGISTRY.run(cfg, x, weights, experts, *sets[0], *fmt), ref)
@@ -301,7 +310,7 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
                     seed=args.seed,
                 )
                 if args.every_config and case != "loop" and perm is None and on_config is not None:
-                    for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case]):
+                    for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case], args.families):
                         on_config({"shape": name, "M": m, "case": case, **c, "E": e, "top_k": top_k, "H": h, "I": i,
                                    "bits": fmt[0], "act_bits": fmt[1], "group_size": fmt[2]})  # fmt: skip
             except Exception as exc:  # a case that fails must not cost the others

@@ -111,6 +111,21 @@ def test_every_config_rows_and_picks(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "moe_picks.json").read_text()) == {f"fused_moe|cpu|1|{e}|{i}|{h}|{top_k}|4|16|{min(128, h)}|bfloat16": fastest}
 
 
+def test_every_config_of_some_families(tmp_path, monkeypatch, capsys):
+    """``--families``: only those families' configs get rows; an unknown name is refused."""
+    from qfuse.ops.moe.dispatch import REGISTRY
+
+    every = REGISTRY.candidates
+    monkeypatch.setattr(REGISTRY, "candidates", lambda p: [c for f in REGISTRY.families for c in [c for c in every(p) if c["kernel"] == f.name][:1]])
+    argv = ["--device", "cpu", "--shapes", "tiny", "--m", "1", "--cases", "W4A16", "--replays", "1", "--every-config", "--out", str(tmp_path)]
+    assert bench_moe.main([*argv, "--families", "grouped_words", "gemv"]) == 0
+    with (tmp_path / "moe_configs.csv").open() as f:
+        assert [r["family"] for r in csv.DictReader(f)] == ["gemv", "grouped_words"]
+    with pytest.raises(SystemExit):
+        bench_moe.main([*argv, "--families", "grouped_word"])
+    assert "unknown grouped_word" in capsys.readouterr().err
+
+
 def test_act_order_case_passes_its_input_orders():
     from qfuse.ops.moe.fused_moe import fused_moe_ref
 
