@@ -185,13 +185,15 @@ def configs(p: Problem, exhaustive: bool) -> list[dict]:
     # 3.7.1, per weight byte, fc1 / fc2): X_WORDS 4.78 / 5.91 against 4.80 / 5.59 (no activation
     # permute and shared-memory store in the loop, more descriptor arithmetic); FOLD_ZERO 4.20 / 5.62
     # (no packed add per code pair; the tile sums' loads); MAXNREG 80 with 3 stages: 3 blocks of
-    # 8 warps per SM instead of 2 (fc2: no spill; fc1: 96 B of stack)
-    plain = [c for c in out if c["BLOCK_M"] == bms[0] and c["BLOCK_N"] != 256]
-    out += [{**c, "X_WORDS": True} for c in plain]
+    # 8 warps per SM instead of 2 (fc2: no spill; fc1: 96 B of stack). X_WORDS only where each
+    # tile's scale keeps the wgmma synchronous (groups of 128's multiples, no SCALE_W): per channel
+    # or with SCALE_W its wgmmas run asynchronously and ptxas writes the register operands of ones
+    # in flight (5-35 such writes per loop; a CPU test checks the SASS of every opt-in config)
+    plain = [c for c in out if c["BLOCK_M"] == bms[0] and c["BLOCK_N"] != 256 and not c["SCALE_W"]]
     if p.group_size > 0 and p.group_size % 128 == 0:
-        folds = [{**c, "FOLD_ZERO": True} for c in plain if not c["SCALE_W"]]
-        out += folds + [{**c, "X_WORDS": True} for c in folds]
-    out += [{**c, "num_stages": 3, "MAXNREG": 80} for c in plain if c["BLOCK_N"] == 128 and c["num_warps"] == 8 and not c["SCALE_W"]]
+        folds = [{**c, "FOLD_ZERO": True} for c in plain]
+        out += [{**c, "X_WORDS": True} for c in plain] + folds + [{**c, "X_WORDS": True} for c in folds]
+    out += [{**c, "num_stages": 3, "MAXNREG": 80} for c in plain if c["BLOCK_N"] == 128 and c["num_warps"] == 8]
     return out
 
 

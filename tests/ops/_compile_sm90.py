@@ -1,4 +1,4 @@
-"""Compile ops/wna16/tiled_planes.py's, ops/wna16/tma.py's, ops/wna16/mma_words.py's and ops/int8/mma_words.py's kernels for sm_90 without a GPU (run
+"""Compile ops/wna16/tiled_planes.py's, ops/wna16/tma.py's, ops/wna16/mma_words.py's, ops/int8/mma_words.py's and ops/moe/grouped_words.py's kernels for sm_90 without a GPU (run
 as a subprocess by tests/ops/test_w4a16_tiled_planes.py and tests/ops/test_wna16_tma.py). Their
 inline PTX cannot run under the Triton interpreter, and a malformed asm operand list ends the
 compiling process with an LLVM abort, so this is the CPU-side check that the PTX assembles for
@@ -145,6 +145,16 @@ if __name__ == "__main__":
             for cfg in seen.values():
                 waits, hazards = _sass_pipeline(cfg["kernel"], int(bits), int(group), zeros == "1", dtype, cfg)
                 print("compiled", case, json.dumps(cfg, sort_keys=True), "waits", ",".join(map(str, waits)), "hazards", len(hazards), flush=True)
+            continue
+        if case.startswith("moesass,"):  # moesass,group,JSON config: the SASS wgmma pipeline of fused_moe's grouped_words, fc1 and fc2
+            import json
+
+            _, group, cfg = case.split(",", 2)
+            for gated in (True, False):
+                waits, hazards = _sass_pipeline("moe_grouped_words", 4, int(group), False, "bf16", {**json.loads(cfg), "GATED": gated})
+                print(
+                    "compiled", case, "fc1" if gated else "fc2", "waits", ",".join(map(str, waits)), "hazards", len(hazards), *hazards[:1], flush=True
+                )
             continue
         if case.startswith("planessass,"):  # planessass,dtype,group,JSON config: the SASS wgmma pipeline of one tiled_planes config
             import json
