@@ -25,7 +25,7 @@ Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or 
 
 Opt-in forms for the M = 8-16 gap (Mixtral: 45 % of the floor, against 58-62 % at M = 1-4), not
 timed on a GPU yet: ``X_WORDS`` (x permuted once into the MMA's k order by ``word_order_triton``,
-h stored by fc1 in that order: each tile loads its activations as they are; bit-equal),
+h stored by fc1 in that order: each tile loads its activations as they are; bit-equal under the interpreter),
 ``FOLD_ZERO`` (the zero point folded out of the dequantization, ops/wna16/mma_words.py
 ``words_mma_step``) and ``MAXNREG`` (a register cap: 3 blocks per SM).
 """
