@@ -24,6 +24,7 @@ On the CPU the passes run in float32 (bf16 matmuls are ~10x slower there: 90 vs 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -75,11 +76,13 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return max(found, key=lambda item: len(item[1]))
 
 
-def token_batches(data, device: torch.device) -> list[Tensor]:
+def token_batches(data, device: torch.device, pad_token_id: int | None = None) -> list[Tensor]:
     """Calibration token ids as a list of ``[B, T]`` long tensors on ``device``. ``data``: a ``[B, T]``
     or ``[T]`` tensor, a list of them, or a tokenizer's output (a mapping with ``input_ids`` and
     optionally ``attention_mask``): each row of a padded one becomes its own ``[1, T_i]`` batch of
-    its unpadded tokens, so padding counts in no statistic and no sequence attends to it."""
+    its unpadded tokens, so padding counts in no statistic and no sequence attends to it. Token
+    ids alone carry no mask: rows that start or end with two ``pad_token_id`` (the model's) or more
+    get a warning, for their padding would count."""
     if isinstance(data, Mapping):
         data = _unpadded_rows(data)
     if isinstance(data, Tensor):
@@ -96,7 +99,21 @@ def token_batches(data, device: torch.device) -> list[Tensor]:
         batches.append(b.long().to(device))
     if not batches:
         raise ValueError("calibration_data is empty")
+    if isinstance(pad_token_id, int) and not isinstance(pad_token_id, bool):
+        _warn_padding(batches, pad_token_id)
     return batches
+
+
+def _warn_padding(batches: list[Tensor], pad: int) -> None:
+    padded = sum(int(((b[:, :2] == pad).all(dim=1) | (b[:, -2:] == pad).all(dim=1)).sum()) for b in batches if b.shape[1] >= 2)
+    if padded:
+        rows = sum(b.shape[0] for b in batches)
+        warnings.warn(
+            f"calibration_data: {padded} of {rows} rows start or end with runs of the pad token {pad}, which would count "
+            "in the calibration statistics as text; pass the tokenizer's output (input_ids with its attention_mask) "
+            "to leave padding out",
+            stacklevel=3,
+        )
 
 
 def _unpadded_rows(encoded: Mapping) -> Tensor | list[Tensor]:
@@ -265,7 +282,7 @@ class LayerCalibrator:
         device = next(model.parameters()).device
         model_dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         compute = torch.float32 if device.type == "cpu" else model_dtype
-        batches = token_batches(data, device)
+        batches = token_batches(data, device, getattr(getattr(model, "config", None), "pad_token_id", None))
         if self.sq is not None or self.awq is not None:
             check_foldable(layers, " + ".join(type(r).__name__ for r in (self.sq, self.awq) if r))
         kinds = layer_kinds(model, len(layers))

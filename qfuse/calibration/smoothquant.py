@@ -132,7 +132,7 @@ def smooth_model(
 
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    batches = token_batches(batches, next(model.parameters()).device)
+    batches = token_batches(batches, next(model.parameters()).device, getattr(getattr(model, "config", None), "pad_token_id", None))
     if mappings is None:
         check_foldable(decoder_layers(model)[1], "smooth_model")
         mappings = smoothquant_mappings(model)

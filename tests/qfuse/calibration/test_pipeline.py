@@ -413,6 +413,24 @@ def test_padding_takes_no_part_in_calibration():
     assert not torch.equal(codes(padded), codes(padded["input_ids"]))
 
 
+def test_padded_ids_without_their_mask_are_warned_about(recwarn):
+    """Token ids alone: rows that start or end with two or more of the model's pad token are
+    counted in a warning (their padding would count); a single trailing pad id (an end-of-text
+    token used as pad) is not."""
+    ids = torch.tensor([[5, 6, 7, 0, 0], [0, 0, 5, 6, 7], [5, 6, 7, 8, 0], [5, 0, 0, 6, 7]])
+    with pytest.warns(UserWarning, match="2 of 4 rows start or end with runs of the pad token 0"):
+        token_batches(ids, torch.device("cpu"), pad_token_id=0)
+    token_batches(ids, torch.device("cpu"))  # no pad id known
+    token_batches(ids[2:], torch.device("cpu"), pad_token_id=0)
+    token_batches(_padded([ids[0, :3], ids[2, :4]], left=False), torch.device("cpu"), pad_token_id=0)  # the mask leaves padding out
+    assert not recwarn.list
+    model = copy.deepcopy(_base("llama"))
+    model.config.pad_token_id = 0
+    padded = _padded([DATA[0][0, :32], DATA[1][0, :20]], left=False)
+    with pytest.warns(UserWarning, match="1 of 2 rows"):
+        qfuse.quantize_model(model, "W4A16", progress=False, calibration="gptq", calibration_data=padded["input_ids"])
+
+
 def test_each_layer_kind_gets_its_own_mask():
     """A decoder with sliding-window and full-attention layers (``config.layer_types``): every layer
     is calibrated on the inputs the float model gives it, the full-attention layer with its full
