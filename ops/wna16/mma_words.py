@@ -99,14 +99,17 @@ def _dequant_asm(magic: int, one: int, ty: str, scaled: bool, byte_pairs: bool) 
     return "{\n" + head + body.replace("MAGIC2", f"{magic:#x}").replace("TYPE", ty) + "}"
 
 
+def magic_pair(word: str, p: int, magic: int) -> str:
+    """PTX of code pair ``p`` (nibbles p, p + 4) of the int32 operand ``word`` into register ``v`` as
+    ``(MAGIC + u_p, MAGIC + u_{p+4})`` (``magic``: MAGIC in both 16-bit halves): a shift into ``t``
+    (p > 0), then one lop3. The caller declares ``.reg .b32 v, t``."""
+    shift = f"shr.u32 t, {word}, {4 * p};\n" if p else ""
+    return shift + f"lop3.b32 v, {'t' if p else word}, 0x000F000F, {magic:#x}, 0xEA;\n"
+
+
 def _magic_asm(magic: int) -> str:
     """One word -> 4 pairs ``MAGIC + u`` (no zero point subtracted): lop3 and a shift per pair."""
-    body = ""
-    for p in range(4):
-        src = "$8" if p == 0 else "t"
-        if p:
-            body += f"shr.u32 t, $8, {4 * p};\n"
-        body += f"lop3.b32 v, {src}, 0x000F000F, {magic:#x}, 0xEA;\nmov.b32 {{${2 * p}, ${2 * p + 1}}}, v;\n"
+    body = "".join(magic_pair("$8", p, magic) + f"mov.b32 {{${2 * p}, ${2 * p + 1}}}, v;\n" for p in range(4))
     return "{\n.reg .b32 v, t;\n" + body + "}"
 
 

@@ -91,6 +91,7 @@ from .._launch import launch
 from .._tma import tma_aligned
 from ..kernel_family import KernelFamily, Problem
 from .common import cdiv, codes_minus_zero, grouped_tile, mma, output_buffers, split_for, split_workspace, store_tile, weight_major_tiles
+from .mma_words import magic_pair
 from .tiled import split_k_slices
 from .tiled_planes import planes_in_k_order
 
@@ -152,10 +153,7 @@ def _word_pairs_asm(magic: int, ty: str, scaled: bool) -> str:
     A operand of a wgmma in flight)."""
     body = ""
     for p in range(4):
-        src = "$4" if p == 0 else "t"
-        if p:
-            body += f"shr.u32 t, $4, {4 * p};\n"
-        body += f"lop3.b32 v, {src}, 0x000F000F, {magic:#x}, 0xEA;\n"
+        body += magic_pair("$4", p, magic)
         body += f"add.rn.{ty} v, v, $6;\nmul.rn.{ty} ${p}, v, $7;\n" if scaled else f"add.rn.{ty} ${p}, v, $6;\n"
     return "{\n.reg .b32 v, t;\n" + body + "}"
 

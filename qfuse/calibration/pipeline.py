@@ -104,6 +104,11 @@ def token_batches(data, device: torch.device, pad_token_id: int | None = None) -
     return batches
 
 
+def model_pad_token_id(model: nn.Module):
+    """``model.config.pad_token_id`` (None where the model has no config or no pad token)."""
+    return getattr(getattr(model, "config", None), "pad_token_id", None)
+
+
 def _warn_padding(batches: list[Tensor], pad: int) -> None:
     padded = sum(int(((b[:, :2] == pad).all(dim=1) | (b[:, -2:] == pad).all(dim=1)).sum()) for b in batches if b.shape[1] >= 2)
     if padded:
@@ -282,7 +287,7 @@ class LayerCalibrator:
         device = next(model.parameters()).device
         model_dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         compute = torch.float32 if device.type == "cpu" else model_dtype
-        batches = token_batches(data, device, getattr(getattr(model, "config", None), "pad_token_id", None))
+        batches = token_batches(data, device, model_pad_token_id(model))
         if self.sq is not None or self.awq is not None:
             check_foldable(layers, " + ".join(type(r).__name__ for r in (self.sq, self.awq) if r))
         kinds = layer_kinds(model, len(layers))

@@ -128,11 +128,11 @@ def smooth_model(
     ``[B, T]`` / ``[T]`` ones. ``mappings`` default to :func:`smoothquant_mappings`; each lists a
     norm and every Linear its output feeds (a ValueError when a norm or a Linear is in two).
     """
-    from .pipeline import decoder_layers, token_batches
+    from .pipeline import decoder_layers, model_pad_token_id, token_batches
 
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    batches = token_batches(batches, next(model.parameters()).device, getattr(getattr(model, "config", None), "pad_token_id", None))
+    batches = token_batches(batches, next(model.parameters()).device, model_pad_token_id(model))
     if mappings is None:
         check_foldable(decoder_layers(model)[1], "smooth_model")
         mappings = smoothquant_mappings(model)
