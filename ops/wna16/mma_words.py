@@ -75,9 +75,8 @@ from .common import cdiv, mma, output_buffers, split_for, store_tile, tile_coord
 # byte's two nibbles (2p, 2p + 1), moved to bits 0 and 16 by one PRMT of the word and the word
 # shifted right by 4 (selector: byte p of each into bytes 0 and 2). fma with 1.0 (and with -0.0
 # for the product) instead of add / mul: sm_80's bf16x2 arithmetic has only fma (add.bf16x2 and
-# mul.bf16x2 need sm_90). lop3 0xEA = (a & b) | c.
-_PAIR = """lop3.b32 v, {src}, 0x000F000F, MAGIC2, 0xEA;
-fma.rn.TYPE v, v, one, nz;{scale}
+# mul.bf16x2 need sm_90). _PAIR: the pair in v (:func:`magic_pair`) less MAGIC + z, times s.
+_PAIR = """fma.rn.TYPE v, v, one, nz;{scale}
 mov.b32 {{${lo}, ${hi}}}, v;
 """
 
@@ -85,24 +84,21 @@ mov.b32 {{${lo}, ${hi}}}, v;
 def _dequant_asm(magic: int, one: int, ty: str, scaled: bool, byte_pairs: bool) -> str:
     body = "shr.u32 w4, $8, 4;\n" if byte_pairs else ""
     for p in range(4):
-        if byte_pairs:
-            body += f"prmt.b32 t, $8, w4, {(p | p << 4 | (4 + p) << 8 | (4 + p) << 12):#x};\n"
-            src = "t"
+        if byte_pairs:  # byte p's nibbles into bits 0 and 16 of t: t's pair 0
+            body += f"prmt.b32 t, $8, w4, {(p | p << 4 | (4 + p) << 8 | (4 + p) << 12):#x};\n" + magic_pair("t", 0, magic)
         else:
-            src = "$8" if p == 0 else "t"
-            if p:
-                body += f"shr.u32 t, $8, {4 * p};\n"
-        body += _PAIR.format(src=src, lo=2 * p, hi=2 * p + 1, scale="\nfma.rn.TYPE v, v, s2, negzero;" if scaled else "")
+            body += magic_pair("$8", p, magic)
+        body += _PAIR.format(lo=2 * p, hi=2 * p + 1, scale="\nfma.rn.TYPE v, v, s2, negzero;" if scaled else "")
     head = f".reg .b32 v, t, w4, one, nz{', s2, negzero' if scaled else ''};\nmov.b32 one, {one:#x};\nmov.b32 nz, {{$9, $9}};\n"
     if scaled:
         head += "mov.b32 s2, {$10, $10};\nmov.b32 negzero, 0x80008000;\n"
-    return "{\n" + head + body.replace("MAGIC2", f"{magic:#x}").replace("TYPE", ty) + "}"
+    return "{\n" + head + body.replace("TYPE", ty) + "}"
 
 
 def magic_pair(word: str, p: int, magic: int) -> str:
     """PTX of code pair ``p`` (nibbles p, p + 4) of the int32 operand ``word`` into register ``v`` as
     ``(MAGIC + u_p, MAGIC + u_{p+4})`` (``magic``: MAGIC in both 16-bit halves): a shift into ``t``
-    (p > 0), then one lop3. The caller declares ``.reg .b32 v, t``."""
+    (p > 0), then one lop3 (0xEA: (a & b) | c). The caller declares ``.reg .b32 v, t``."""
     shift = f"shr.u32 t, {word}, {4 * p};\n" if p else ""
     return shift + f"lop3.b32 v, {'t' if p else word}, 0x000F000F, {magic:#x}, 0xEA;\n"
 
