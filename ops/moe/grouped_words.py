@@ -43,7 +43,7 @@ from .._launch import launch
 from .._views import aligned_view
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
-from ..wna16.mma_words import LAUNCH_OPTIONS, mma_words_supported, words_mma_step, words_neg_zero
+from ..wna16.mma_words import LAUNCH_OPTIONS, load_tile_scale, mma_words_supported, words_mma_step, words_neg_zero
 from ..wna16.tma import word_order_triton
 from .align import align_block_size, fc1_row_div
 from .grouped_gemm import moe_sum
@@ -54,7 +54,7 @@ def _moe_mma_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, topw_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, xs_ptr,
     P, N, KW, G, stride_xm, ROW_DIV, W_PER_SPLIT,
     GATED: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, X_WORDS: tl.constexpr, FOLD_ZERO: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
+    S_AHEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)  # fastest: the programs in flight share their block's activation rows
     pid_m = tl.program_id(1)
@@ -78,14 +78,30 @@ def _moe_mma_words_kernel(
         neg_up = words_neg_zero(z_e, rn + N, dtype, GROUP, HAS_ZEROS, BLOCK_N)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     w_start = pid_k * W_PER_SPLIT
+    s_tile = tl.zeros((BLOCK_N,), dtype=tl.float32)  # S_AHEAD: the next tile's scales, loaded a tile ahead
+    s_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if S_AHEAD:
+        s_tile = load_tile_scale(s_e, rn, G, w_start, GROUP)
+        if GATED:
+            s_up = load_tile_scale(s_e, rn + N, G, w_start, GROUP)
     for it in range(0, W_PER_SPLIT // 16):
         w0 = w_start + it * 16
         xs = tl.load(xs_ptr + rm * (KW // 16) + w0 // 16) if FOLD_ZERO else None
+        s_next = s_tile
+        s_up_next = s_up
+        if S_AHEAD:
+            s_next = load_tile_scale(s_e, rn, G, w0 + 16, GROUP)
+            if GATED:
+                s_up_next = load_tile_scale(s_e, rn + N, G, w0 + 16, GROUP)
         acc = words_mma_step(acc, neg, w0, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
-                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
+                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs,
+                             S_AHEAD, s_tile)  # fmt: skip
         if GATED:
             acc_up = words_mma_step(acc_up, neg_up, w0, qw_e, s_e, z_e, x_ptr, rn + N, rm, KW, G, stride_xm,
-                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
+                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs,
+                                    S_AHEAD, s_up)  # fmt: skip
+        s_tile = s_next
+        s_up = s_up_next
     if GROUP == -1:
         acc = acc * tl.load(s_e + rn).to(tl.float32)[:, None]
         if GATED:
@@ -120,8 +136,10 @@ def moe_mma_words(
         split_k -= 1
     sorted_ids, expert_ids, total = route
     fold = bool(cfg.get("FOLD_ZERO", False))
-    if fold and (cfg.get("SCALE_W") or group_size <= 0 or group_size % 128):
-        raise ValueError(f"moe_mma_words: FOLD_ZERO needs groups of a multiple of 128 and no SCALE_W; got group_size={group_size}, {cfg}")
+    ahead = bool(cfg.get("S_AHEAD", False))
+    for form, on in (("FOLD_ZERO", fold), ("S_AHEAD", ahead)):
+        if on and (cfg.get("SCALE_W") or group_size <= 0 or group_size % 128):
+            raise ValueError(f"moe_mma_words: {form} needs groups of a multiple of 128 and no SCALE_W; got group_size={group_size}, {cfg}")
     # FOLD_ZERO: float32 sums of each 128-code tile of a row (two torch kernels; the permutation of
     # X_WORDS stays within a tile, so the sums are the same)
     xs = x.float().view(x.shape[0], -1, 128).sum(-1) if fold else None
@@ -132,7 +150,7 @@ def moe_mma_words(
         launch(_moe_mma_words_kernel, grid,
             x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, topw if topw is not None else scales,
             out, sorted_ids, expert_ids, total, xs if xs is not None else scales, pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
-            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold,
+            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold, S_AHEAD=ahead,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda, INTERPRET=interpreting(),
             num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
         )  # fmt: skip
@@ -193,12 +211,13 @@ def configs(p: Problem, exhaustive: bool) -> list[dict]:
     if p.group_size > 0 and p.group_size % 128 == 0:
         folds = [{**c, "FOLD_ZERO": True} for c in plain]
         out += [{**c, "X_WORDS": True} for c in plain] + folds + [{**c, "X_WORDS": True} for c in folds]
+        out += [{**c, "S_AHEAD": True} for c in plain] + [{**c, "S_AHEAD": True, "X_WORDS": True} for c in plain]
     out += [{**c, "num_stages": 3, "MAXNREG": 80} for c in plain if c["BLOCK_N"] == 128 and c["num_warps"] == 8]
     return out
 
 
 def _opt_in(cfg: dict) -> str:
-    forms = [k for k in ("X_WORDS", "FOLD_ZERO", "MAXNREG") if k in cfg]
+    forms = [k for k in ("X_WORDS", "FOLD_ZERO", "MAXNREG", "S_AHEAD") if k in cfg]
     return f"{' + '.join(forms)}: not timed on a GPU yet" if forms else ""
 
 
