@@ -23,11 +23,13 @@ has the math and tolerances).
 Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or per channel
 (``SCALE_W``: any multiple of 32).
 
-Opt-in forms for the M = 8-16 gap (Mixtral: 45 % of the floor, against 58-62 % at M = 1-4), not
-timed on a GPU yet: ``X_WORDS`` (x permuted once into the MMA's k order by ``word_order_triton``,
-h stored by fc1 in that order: each tile loads its activations as they are; bit-equal under the interpreter),
-``FOLD_ZERO`` (the zero point folded out of the dequantization, ops/wna16/mma_words.py
-``words_mma_step``) and ``MAXNREG`` (a register cap: 3 blocks per SM).
+Opt-in forms for the M = 8-16 gap, none faster than the plain form on an H100 (Mixtral, CUDA-graph
+medians of the whole call; ``qfuse bench moe_forms`` for the first): ``X_WORDS`` (x permuted once
+into the MMA's k order by ``word_order_triton``, h stored by fc1 in that order: each tile loads its
+activations as they are; bit-equal under the interpreter) within 1 % (fc2 1-2 % faster, fc1 the
+same), ``FOLD_ZERO`` (the zero point folded out of the dequantization, ops/wna16/mma_words.py
+``words_mma_step``) 8 % slower and ``MAXNREG`` 80 (3 blocks per SM, 3 stages) 10 % slower at
+M = 16 (480 / 491 us against 444).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .._launch import launch
 from .._views import aligned_view
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem
-from ..wna16.mma_words import LAUNCH_OPTIONS, load_tile_scale, mma_words_supported, words_mma_step, words_neg_zero
+from ..wna16.mma_words import LAUNCH_OPTIONS, mma_words_supported, words_mma_step, words_neg_zero
 from ..wna16.tma import word_order_triton
 from .align import align_block_size, fc1_row_div
 from .grouped_gemm import moe_sum
@@ -54,7 +56,7 @@ def _moe_mma_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, topw_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, xs_ptr,
     P, N, KW, G, stride_xm, ROW_DIV, W_PER_SPLIT,
     GATED: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, X_WORDS: tl.constexpr, FOLD_ZERO: tl.constexpr,
-    S_AHEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)  # fastest: the programs in flight share their block's activation rows
     pid_m = tl.program_id(1)
@@ -78,30 +80,14 @@ def _moe_mma_words_kernel(
         neg_up = words_neg_zero(z_e, rn + N, dtype, GROUP, HAS_ZEROS, BLOCK_N)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     w_start = pid_k * W_PER_SPLIT
-    s_tile = tl.zeros((BLOCK_N,), dtype=tl.float32)  # S_AHEAD: the next tile's scales, loaded a tile ahead
-    s_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if S_AHEAD:
-        s_tile = load_tile_scale(s_e, rn, G, w_start, GROUP)
-        if GATED:
-            s_up = load_tile_scale(s_e, rn + N, G, w_start, GROUP)
     for it in range(0, W_PER_SPLIT // 16):
         w0 = w_start + it * 16
         xs = tl.load(xs_ptr + rm * (KW // 16) + w0 // 16) if FOLD_ZERO else None
-        s_next = s_tile
-        s_up_next = s_up
-        if S_AHEAD:
-            s_next = load_tile_scale(s_e, rn, G, w0 + 16, GROUP)
-            if GATED:
-                s_up_next = load_tile_scale(s_e, rn + N, G, w0 + 16, GROUP)
         acc = words_mma_step(acc, neg, w0, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
-                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs,
-                             S_AHEAD, s_tile)  # fmt: skip
+                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
         if GATED:
             acc_up = words_mma_step(acc_up, neg_up, w0, qw_e, s_e, z_e, x_ptr, rn + N, rm, KW, G, stride_xm,
-                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs,
-                                    S_AHEAD, s_up)  # fmt: skip
-        s_tile = s_next
-        s_up = s_up_next
+                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
     if GROUP == -1:
         acc = acc * tl.load(s_e + rn).to(tl.float32)[:, None]
         if GATED:
@@ -136,10 +122,8 @@ def moe_mma_words(
         split_k -= 1
     sorted_ids, expert_ids, total = route
     fold = bool(cfg.get("FOLD_ZERO", False))
-    ahead = bool(cfg.get("S_AHEAD", False))
-    for form, on in (("FOLD_ZERO", fold), ("S_AHEAD", ahead)):
-        if on and (cfg.get("SCALE_W") or group_size <= 0 or group_size % 128):
-            raise ValueError(f"moe_mma_words: {form} needs groups of a multiple of 128 and no SCALE_W; got group_size={group_size}, {cfg}")
+    if fold and (cfg.get("SCALE_W") or group_size <= 0 or group_size % 128):
+        raise ValueError(f"moe_mma_words: FOLD_ZERO needs groups of a multiple of 128 and no SCALE_W; got group_size={group_size}, {cfg}")
     # FOLD_ZERO: float32 sums of each 128-code tile of a row (two torch kernels; the permutation of
     # X_WORDS stays within a tile, so the sums are the same)
     xs = x.float().view(x.shape[0], -1, 128).sum(-1) if fold else None
@@ -150,7 +134,7 @@ def moe_mma_words(
         launch(_moe_mma_words_kernel, grid,
             x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, topw if topw is not None else scales,
             out, sorted_ids, expert_ids, total, xs if xs is not None else scales, pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
-            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold, S_AHEAD=ahead,
+            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda, INTERPRET=interpreting(),
             num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
         )  # fmt: skip
@@ -199,26 +183,27 @@ def configs(p: Problem, exhaustive: bool) -> list[dict]:
         for sp in (1, 4)
         for sw in forms
     ]
-    # opt-in, not timed on a GPU yet (sm_90 SASS of the loop, g128 bf16, 128 rows / 8 warps, triton
-    # 3.7.1, per weight byte, fc1 / fc2): X_WORDS 4.78 / 5.91 against 4.80 / 5.59 (no activation
-    # permute and shared-memory store in the loop, more descriptor arithmetic); FOLD_ZERO 4.20 / 5.62
-    # (no packed add per code pair; the tile sums' loads); MAXNREG 80 with 3 stages: 3 blocks of
-    # 8 warps per SM instead of 2 (fc2: no spill; fc1: 96 B of stack). X_WORDS only where each
-    # tile's scale keeps the wgmma synchronous (groups of 128's multiples, no SCALE_W): per channel
-    # or with SCALE_W its wgmmas run asynchronously and ptxas writes the register operands of ones
-    # in flight (5-35 such writes per loop; a CPU test checks the SASS of every opt-in config)
+    # opt-in: slower or no faster than the plain form on an H100 (module docstring), though their
+    # sm_90 SASS per weight byte in fc1 / fc2 (g128 bf16, 128 rows / 8 warps, triton 3.7.1) is no
+    # higher: X_WORDS 4.78 / 5.91, FOLD_ZERO 4.20 / 5.62 against 4.80 / 5.59. The loop stalls rather
+    # than issues (ncu, H100, M = 16: 0.35 instructions issued and 0.6 warps eligible per scheduler
+    # cycle; fc1 40 % of its stall on L1TEX data, fc2 33-37 % at CTA barriers); loading each tile's
+    # scales an iteration ahead did not move it (fc1 213 -> 218 us).
+    # X_WORDS only where each tile's scale keeps the wgmma synchronous (groups of 128's multiples,
+    # no SCALE_W): per channel or with SCALE_W its wgmmas run asynchronously and ptxas writes the
+    # register operands of ones in flight (5-35 such writes per loop; a CPU test checks the SASS
+    # of every opt-in config)
     plain = [c for c in out if c["BLOCK_M"] == bms[0] and c["BLOCK_N"] != 256 and not c["SCALE_W"]]
     if p.group_size > 0 and p.group_size % 128 == 0:
         folds = [{**c, "FOLD_ZERO": True} for c in plain]
         out += [{**c, "X_WORDS": True} for c in plain] + folds + [{**c, "X_WORDS": True} for c in folds]
-        out += [{**c, "S_AHEAD": True} for c in plain] + [{**c, "S_AHEAD": True, "X_WORDS": True} for c in plain]
     out += [{**c, "num_stages": 3, "MAXNREG": 80} for c in plain if c["BLOCK_N"] == 128 and c["num_warps"] == 8]
     return out
 
 
 def _opt_in(cfg: dict) -> str:
-    forms = [k for k in ("X_WORDS", "FOLD_ZERO", "MAXNREG", "S_AHEAD") if k in cfg]
-    return f"{' + '.join(forms)}: not timed on a GPU yet" if forms else ""
+    forms = [k for k in ("X_WORDS", "FOLD_ZERO", "MAXNREG") if k in cfg]
+    return f"{' + '.join(forms)}: no faster than the plain form on an H100 (Mixtral, M = 8 / 16)" if forms else ""
 
 
 def _run(cfg, *args):

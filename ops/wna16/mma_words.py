@@ -205,7 +205,7 @@ def words_mma_step(
     acc, neg, w0, qw_ptr, s_ptr, z_ptr, x_ptr, rn, rm, KW, G, stride_xm,
     dtype: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, BYTE_PAIRS: tl.constexpr,
     X_WORDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
-    FOLD_ZERO: tl.constexpr = False, xs=None, S_AHEAD: tl.constexpr = False, s_tile=None,
+    FOLD_ZERO: tl.constexpr = False, xs=None,
 ):  # fmt: skip
     """One 128-code tile (words ``w0 .. w0 + 15`` of rows ``rn``) of the loop of the kernels that
     read int4 words into the MMA (the dense op's and fused_moe's ``grouped_words``): ``acc
@@ -219,11 +219,7 @@ def words_mma_step(
         acc[n, m] += (sum_k' (MAGIC + u)[n, k'] x[m, k'] - (MAGIC + z[n]) * xs[m]) * s[n, g]
 
     The products are exact; the float32 sums cancel terms up to (MAGIC + 15) times those of the
-    plain form (143x in bf16, 1039x in fp16), a few bits of float32's 24.
-
-    ``S_AHEAD`` (GROUP % 128 == 0, not SCALE_W): ``s_tile`` float32 ``[BLOCK_N]`` is this tile's
-    scale, loaded by the caller an iteration before with :func:`load_tile_scale` (loaded here, its
-    global load is issued next to the wgmma and waited for right after it)."""
+    plain form (143x in bf16, 1039x in fp16), a few bits of float32's 24."""
     BLOCK_K: tl.constexpr = 128
     MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
     kc = tl.arange(0, 4) * 32  # words (c, 0..3) of a tile hold natural k = 32c .. 32c + 31: one group (GROUP >= 32)
@@ -271,11 +267,6 @@ def words_mma_step(
             xt = tl.reshape(tl.permute(tl.reshape(xt, (BLOCK_M, 4, 4, 2, 2, 2)), (0, 2, 4, 5, 1, 3)), (BLOCK_M, BLOCK_K))
     if SCALE_W or GROUP == -1:
         acc = mma(a, tl.trans(xt), acc, DOT_F32)
-    elif S_AHEAD:  # the tile's scale loaded an iteration before
-        d = mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32)
-        if FOLD_ZERO:
-            d += tl.reshape(neg, (BLOCK_N,)).to(tl.float32)[:, None] * xs[None, :]
-        acc += d * s_tile[:, None]
     elif FOLD_ZERO:  # the codes came as MAGIC + u: take (MAGIC + z) * sum_k' x off the tile's dot
         d = mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32)
         neg_f = tl.reshape(neg, (BLOCK_N,)).to(tl.float32)  # -(MAGIC + z), exact in dtype
@@ -283,13 +274,6 @@ def words_mma_step(
     else:
         acc += mma(a, tl.trans(xt), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), DOT_F32) * tl.load(s_ptr + rn * G + g).to(tl.float32)[:, None]
     return acc
-
-
-@triton.jit
-def load_tile_scale(s_ptr, rn, G, w0, GROUP: tl.constexpr):
-    """float32 ``[BLOCK_N]``: the scales of rows ``rn`` for the tile of words ``w0 ..`` (GROUP %
-    128 == 0), its group clamped to the last (a tile one past the end loads a valid address)."""
-    return tl.load(s_ptr + rn * G + tl.minimum(w0 * 8 // GROUP, G - 1)).to(tl.float32)
 
 
 @triton.jit

@@ -185,7 +185,6 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             SCALE_W=bool(cfg.get("SCALE_W", False)),
             X_WORDS=bool(cfg.get("X_WORDS", False)),
             FOLD_ZERO=bool(cfg.get("FOLD_ZERO", False)),
-            S_AHEAD=bool(cfg.get("S_AHEAD", False)),
             BLOCK_M=cfg["BLOCK_M"],
             BLOCK_N=cfg["BLOCK_N"],
             ASM=True,
