@@ -2,7 +2,8 @@
 on one MoE shape at decode M, each config's whole call and its two GEMMs alone. CUDA-graph medians over
 rotated copies of the experts (qfuse/bench/timing.py); W4A16 g128 symmetric, random bf16 weights.
 
-Rows of ``moe_forms.csv``, one per (M, config): ``us`` the whole call after routing (the routing is
+Random inputs seeded by M (so the routing, and the experts it touches, differ from ``qfuse bench
+moe``'s, seeded 0). Rows of ``moe_forms.csv``, one per (M, config): ``us`` the whole call after routing (the routing is
 given: align, fc1, fc2, the sum), ``fc1_us`` / ``fc2_us`` each GEMM alone on the same route, ``pct_floor``
 the whole call against the experts' bytes read once at ``--bandwidth``, ``max_rel_err`` against the op's
 reference (max |out - ref| / max |ref|). Every config the family lists at each M (less those
