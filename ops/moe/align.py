@@ -18,12 +18,13 @@ min(E, P) experts are non-empty and each pads by < block_m); ``expert_ids`` one 
 block of that. Programs of blocks at or past ``total`` exit at once.
 
 :func:`align_block_size_torch` is the plain-torch form (scatter_add, stable sort, cumsum,
-searchsorted), the reference: about 20 kernels, 50-55 us of a CUDA-graph replay of
+searchsorted), the reference: 29 aten calls (some 25 kernels), 53-54 us of a CUDA-graph replay of
 ``grouped_words`` on Mixtral at M = 8 / 16 on an H100 (its whole call less its two GEMMs' 335 /
 391 us). :func:`align_block_size_triton` computes the same in one launch of one program,
 walking the pairs in chunks (each pair's rank among its expert's earlier pairs from a prefix sum
 of the chunk's one-hot rows); :func:`align_block_size` takes it up to ``TRITON_MAX_PAIRS`` pairs,
-where one program's serial walk stays short.
+where one program's serial walk stays short. ``qfuse bench moe`` on the H100, Mixtral W4A16 at
+M = 16: 442 -> 388 us (BENCHMARKS.md, "One-launch align").
 """
 
 from __future__ import annotations
