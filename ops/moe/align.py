@@ -39,7 +39,7 @@ from .._launch import launch
 from ..activation.quant_kernels import device_guard
 
 # pairs up to which align_block_size runs the one-program Triton form: M = 256 at top-8,
-# 1024 at top-2 (16 chunks of 128 pairs)
+# 1024 at top-2 (16 chunks of 128 pairs); timed at 16 and 32 pairs only (H100, Mixtral M = 8 / 16)
 TRITON_MAX_PAIRS = 2048
 
 
