@@ -147,12 +147,9 @@ def magic_pairs(words, dtype: tl.constexpr, ASM: tl.constexpr):
             return tl.inline_asm_elementwise(_BF16_MAGIC, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
         else:
             return tl.inline_asm_elementwise(_FP16_MAGIC, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
-    else:
-        magic = 128.0 if dtype == tl.bfloat16 else 1024.0
-        out = ()
-        for i in tl.static_range(8):
-            out = out + ((((words >> (4 * ((i % 2) * 4 + i // 2))) & 15).to(tl.float32) + magic).to(dtype),)
-        return out
+    else:  # word_pairs' plain form with -(MAGIC + z) = 0: MAGIC + u
+        zero = tl.zeros(words.shape, dtype=dtype)
+        return word_pairs(words, zero, zero, dtype, False, False, False)
 
 
 @triton.jit
