@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     w13 = torch.randn(e, 2 * i, h, device="cuda", generator=gen).mul_(h**-0.5).to(torch.bfloat16)
     w2 = torch.randn(e, h, i, device="cuda", generator=gen).mul_(i**-0.5).to(torch.bfloat16)
     tensors, fmt = expert_tensors(w13, w2, top_k, "W4A16")
+    bits, group = fmt[0], fmt[2]
     del w13, w2
     torch.cuda.empty_cache()
     per_expert = sum(t.numel() * t.element_size() for t in tensors if t is not None) // e
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         topw, pairs, row_div = weights.reshape(-1).contiguous(), experts.numel(), fc1_row_div(x, experts)
         floor = int(torch.unique(experts).numel()) * per_expert / (args.bandwidth * 1e12) * 1e6
         ref = fused_moe_ref(x, logits, top_k, True, *tensors, *fmt).float()
-        every = gw.configs(Problem(m, i, h, 4, 128, torch.bfloat16, act_bits=16), exhaustive=False)
+        every = gw.configs(Problem(m, i, h, bits, group, torch.bfloat16, act_bits=16), exhaustive=False)
         cfgs = [c for c in every if not c["SCALE_W"] and not any(k in c for k in args.without)]
         t0 = time.time()
         for cfg in cfgs:
@@ -78,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             whole = lambda t, cfg=cfg: gw.run_moe_grouped_words(cfg, x, weights, experts, *t, *fmt)  # noqa: E731
             route = align_block_size(experts, e, cfg["BLOCK_M"])
             xx = word_order_triton(x, 128) if cfg.get("X_WORDS") else x
-            fc1 = lambda t, cfg=cfg, xx=xx, route=route: gw.moe_mma_words(xx, *t[:3], None, 128, cfg, route, pairs, row_div, 1)  # noqa: E731
+            fc1 = lambda t, cfg=cfg, xx=xx, route=route: gw.moe_mma_words(xx, *t[:3], None, group, cfg, route, pairs, row_div, 1)  # noqa: E731
             hh = fc1(tensors)
-            fc2 = lambda t, cfg=cfg, hh=hh, route=route: gw.moe_mma_words(hh, *t[4:7], topw, 128, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1))  # noqa: E731
+            fc2 = lambda t, cfg=cfg, hh=hh, route=route: gw.moe_mma_words(hh, *t[4:7], topw, group, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1))  # noqa: E731
             out = whole(tensors).float()
             row = {"gpu": gpu, "M": m, "config": json.dumps({k: v for k, v in cfg.items() if k != "kernel"}, sort_keys=True)}
             row["max_rel_err"] = round(((out - ref).abs().max() / ref.abs().max()).item(), 6)
