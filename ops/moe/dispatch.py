@@ -68,7 +68,7 @@ def _supports(p: Problem) -> tuple[bool, str]:
 
 def run_fused_moe(
     cfg: dict, x: Tensor, weights: Tensor, experts: Tensor, w13: Tensor, w13_scale, w13_zeros, w13_group_scale,
-    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
+    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int, tile_major: bool = False,
 ) -> Tensor:  # fmt: skip
     """``fused_moe`` after routing (``weights`` float32 / ``experts`` [M, top_k]) with one config
     (arguments already checked). Any device Triton runs on: CUDA, or the interpreter on CPU."""
@@ -85,13 +85,13 @@ def run_fused_moe(
         a1, a1_scale = x, None
     route = (sorted_ids, expert_ids, total, pairs)
     h = moe_gemm(a1, a1_scale, w13, w13_scale, w13_zeros, w13_group_scale, None, *route, fc1_row_div(x, experts), True,
-                 weight_bits, act_bits, group_size, cfg, x.dtype)  # fmt: skip
+                 weight_bits, act_bits, group_size, cfg, x.dtype, tile_major)  # fmt: skip
     if act_bits == 8:
         a2, a2_scale = quant_per_token_int8_triton(h)
     else:
         a2, a2_scale = h, None
     y = moe_gemm(a2, a2_scale, w2, w2_scale, w2_zeros, w2_group_scale, weights, *route, 1, False,
-                 weight_bits, act_bits, group_size, cfg, x.dtype)  # fmt: skip
+                 weight_bits, act_bits, group_size, cfg, x.dtype, tile_major)  # fmt: skip
     return moe_sum(y, top_k, x.dtype)
 
 
@@ -119,10 +119,11 @@ def config_key(m, e, i, h, top_k, weight_bits, act_bits, group_size, dtype) -> t
 
 def fused_moe_triton(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size, w13_act_perm=None,
+    weight_bits, act_bits, group_size, w13_act_perm=None, tile_major=False,
 ) -> Tensor:  # fmt: skip
     """Route, pick the config for this shape (cache / shipped / one measurement) and run it. With
-    ``w13_act_perm`` the families get one activation row per pair, gathered in its expert's order."""
+    ``w13_act_perm`` the families get one activation row per pair, gathered in its expert's order;
+    ``tile_major``: the weight-only codes are tile-major (ops/moe/tile_major.py), which every family reads."""
     m, h = x.shape
     e, two_i = w13.shape[:2]
     weights, experts = topk_routing_triton(router_logits, top_k, renormalize)
@@ -141,6 +142,7 @@ def fused_moe_triton(
         weight_bits,
         act_bits,
         group_size,
+        tile_major,
     )
     key = config_key(m, e, two_i // 2, h, top_k, weight_bits, act_bits, group_size, x.dtype)
     cands = lambda: REGISTRY.offered(problem(m, two_i // 2, h, weight_bits, group_size, x.dtype, act_bits))  # noqa: E731 - built only on a cache miss

@@ -17,6 +17,9 @@ output rows and K its inputs: N = 2I, K = H for ``w13``, N = H, K = I for ``w2``
                    a permutation of 0 .. H-1). An act-order w2 needs no argument: its permutation is
                    applied to the rows of w13 (gate and up alike) when the experts are built, so h
                    comes out in w2's order (qfuse/moe.py).
+    tile_major     weight-only experts (W8A16, W4A16): w13's and w2's codes are stored tile-major
+                   (ops/moe/tile_major.py: 64-row x 64-byte tiles, each 4 KB in a row; 2I, H and each
+                   row's bytes multiples of 64); every CUDA family and the reference read them so.
 
 Formats (one per scheme; the per-expert slices are exactly the dense ops' layouts)::
 
@@ -94,6 +97,7 @@ from ..w4a8_gemm import GROUP_SCALE_MAX, w4a8_int_weight
 from ..w8a8_gemm import MAX_K
 from ..wna16_gemm import dequantize_wna16
 from .routing import topk_routing
+from .tile_major import from_tile_major, tile_major_supported
 
 OP = "fused_moe"
 GROUP_SIZES = (128, 64, 32)  # besides -1 (per channel), for the 4- and 8-bit weight-only and the W4A8 formats
@@ -153,7 +157,7 @@ def _check_weight(name: str, w, scale, zeros, group_scale, e: int, n: int, k: in
 
 def check_fused_moe_args(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size, w13_act_perm=None,
+    weight_bits, act_bits, group_size, w13_act_perm=None, tile_major=False,
 ) -> tuple[int, int, int, int]:  # fmt: skip
     """Validate every argument of ``fused_moe`` (metadata only); return (M, H, I, E)."""
     # the format selectors as ints: under torch.compile the fake kernel may get SymInts (a function
@@ -206,6 +210,14 @@ def check_fused_moe_args(
         check_dtype(OP, "w13_act_perm", w13_act_perm, torch.int64)
         check_shape(OP, "w13_act_perm", w13_act_perm, (e, h), "[E, H]: each expert's w13 input channel order")
         check_contiguous(OP, "w13_act_perm", w13_act_perm)
+    if tile_major:
+        if act_bits != 16 or weight_bits == 16:
+            raise ValueError(
+                f"qfuse.{OP}: tile_major applies to weight-only quantized experts (W8A16, W4A16), not {FORMATS[(weight_bits, act_bits)]}"
+            )
+        for name, w in (("w13", w13), ("w2", w2)):
+            if not tile_major_supported(w.shape[1], w.shape[2]):
+                raise ValueError(f"qfuse.{OP}: tile_major needs {name}'s rows and bytes per row to be multiples of 64, got {list(w.shape)}")
     check_same_device(
         OP, "x", x, router_logits=router_logits, w13=w13, w13_scale=w13_scale, w13_zeros=w13_zeros, w13_group_scale=w13_group_scale,
         w2=w2, w2_scale=w2_scale, w2_zeros=w2_zeros, w2_group_scale=w2_group_scale, w13_act_perm=w13_act_perm,
@@ -258,9 +270,11 @@ def sum_topk(contrib: Tensor, dtype: torch.dtype) -> Tensor:
 
 def fused_moe_ref(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size, w13_act_perm=None,
+    weight_bits, act_bits, group_size, w13_act_perm=None, tile_major=False,
 ) -> Tensor:  # fmt: skip
     """Reference kernel for ``fused_moe``: a loop over the experts that received tokens."""
+    if tile_major:
+        w13, w2 = from_tile_major(w13), from_tile_major(w2)
     m, h = x.shape
     i = w13.shape[1] // 2
     weights, experts = topk_routing(router_logits, top_k, renormalize)
@@ -300,34 +314,35 @@ def fused_moe(
     act_bits: int,
     group_size: int,
     w13_act_perm: Tensor | None = None,
+    tile_major: bool = False,
 ) -> Tensor:
     """Top-k routed SiLU-gated expert MLPs with float, W8A16, W4A16, W8A8 or W4A8 experts (module docstring)."""
     args = (x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale)
-    check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm)
+    check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm, tile_major)
     check_fused_moe_values(w13_zeros, w13_group_scale, w2_zeros, w2_group_scale, weight_bits, w13_act_perm)  # reads data: reference path only
-    return fused_moe_ref(*args, weight_bits, act_bits, group_size, w13_act_perm)
+    return fused_moe_ref(*args, weight_bits, act_bits, group_size, w13_act_perm, tile_major)
 
 
 @fused_moe.register_kernel("cuda")
 def _fused_moe_cuda(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size, w13_act_perm=None,
+    weight_bits, act_bits, group_size, w13_act_perm=None, tile_major=False,
 ):  # fmt: skip
     """Routing, block-aligned token sorting and two grouped-GEMM launches in Triton (ops/moe/dispatch.py)."""
     args = (x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale)
-    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm)
+    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm, tile_major)
     if m == 0:  # not the reference: its per-expert token lookup would read device data
         return torch.empty((0, h), dtype=x.dtype, device=x.device)
     from .dispatch import fused_moe_triton
 
-    return fused_moe_triton(*args, weight_bits, act_bits, group_size, w13_act_perm)
+    return fused_moe_triton(*args, weight_bits, act_bits, group_size, w13_act_perm, tile_major)
 
 
 @fused_moe.register_fake
 def _fused_moe_fake(
     x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale,
-    weight_bits, act_bits, group_size, w13_act_perm=None,
+    weight_bits, act_bits, group_size, w13_act_perm=None, tile_major=False,
 ):  # fmt: skip
     args = (x, router_logits, top_k, renormalize, w13, w13_scale, w13_zeros, w13_group_scale, w2, w2_scale, w2_zeros, w2_group_scale)
-    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm)
+    m, h, _, _ = check_fused_moe_args(*args, weight_bits, act_bits, group_size, w13_act_perm, tile_major)
     return torch.empty((m, h), dtype=x.dtype, device=x.device)

@@ -41,9 +41,9 @@ from .grouped_gemm import moe_sum
 
 @triton.jit
 def _dequant_times_x(w_ptr, s_ptr, z_ptr, rn, k0, xt, K, KW, G, WBITS: tl.constexpr, GROUP: tl.constexpr,
-                     HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                     HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILED: tl.constexpr):  # fmt: skip
     """``w[rn, k0 : k0 + BLOCK_K] * xt`` in float32 (per channel: without the scale)."""
-    u = load_codes(w_ptr, rn, k0, K, KW, WBITS, EVEN_K, BLOCK_N, BLOCK_K)
+    u = load_codes(w_ptr, rn, k0, K, KW, WBITS, EVEN_K, BLOCK_N, BLOCK_K, TILED)
     if GROUP == -1:
         zc = zero_plus_magic(z_ptr, rn, HAS_ZEROS, WBITS)
         return codes_minus_zero(u, zc[:, None]) * xt[None, :]
@@ -59,7 +59,7 @@ def _moe_gemv_kernel(
     a_ptr, w_ptr, s_ptr, z_ptr, topw_ptr, experts_ptr, out_ptr,
     P, N, K, KW, G, ROW_DIV, K_PER_SPLIT,
     GATED: tl.constexpr, WBITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILED: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     p = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -84,9 +84,9 @@ def _moe_gemv_kernel(
             xt = tl.load(a_row + offs_k, eviction_policy="evict_last").to(tl.float32)
         else:
             xt = tl.load(a_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        acc += _dequant_times_x(w_e, s_e, z_e, rn, k0, xt, K, KW, G, WBITS, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K)
+        acc += _dequant_times_x(w_e, s_e, z_e, rn, k0, xt, K, KW, G, WBITS, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K, TILED)
         if GATED:
-            acc_up += _dequant_times_x(w_e, s_e, z_e, rn + N, k0, xt, K, KW, G, WBITS, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K)
+            acc_up += _dequant_times_x(w_e, s_e, z_e, rn + N, k0, xt, K, KW, G, WBITS, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K, TILED)
 
     res = tl.sum(acc, axis=1)
     if GROUP == -1:
@@ -105,10 +105,10 @@ def _moe_gemv_kernel(
 
 def moe_gemv(
     a: Tensor, w: Tensor, scale: Tensor, zeros: Tensor | None, topw: Tensor | None, experts: Tensor, row_div: int,
-    gated: bool, weight_bits: int, group_size: int, cfg: dict, out_dtype: torch.dtype,
+    gated: bool, weight_bits: int, group_size: int, cfg: dict, out_dtype: torch.dtype, tiled: bool = False,
 ) -> Tensor:  # fmt: skip
     """One GEMV launch over the pairs (arguments already checked): fc1 (``gated``: ``h [P, I]`` in
-    ``out_dtype``) or fc2 (``y * topw`` as float32 ``[SPLIT_K, P, H]``)."""
+    ``out_dtype``) or fc2 (``y * topw`` as float32 ``[SPLIT_K, P, H]``); ``tiled``: ``w`` tile-major (ops/moe/tile_major.py)."""
     pairs = experts.numel()
     k = a.shape[1]
     n = w.shape[1] // 2 if gated else w.shape[1]
@@ -124,7 +124,7 @@ def moe_gemv(
             a, w, scale, zeros if zeros is not None else w, topw if topw is not None else scale, experts, out,
             pairs, n, k, w.shape[2], groups, row_div, k_per_split,
             GATED=gated, WBITS=weight_bits, GROUP=group_size, HAS_ZEROS=zeros is not None, EVEN_K=k % block_k == 0,
-            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, INTERPRET=interpreting(),
+            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, TILED=tiled, INTERPRET=interpreting(),
             num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
         )  # fmt: skip
     return out
@@ -132,14 +132,14 @@ def moe_gemv(
 
 def run_moe_gemv(
     cfg: dict, x: Tensor, weights: Tensor, experts: Tensor, w13: Tensor, w13_scale, w13_zeros, w13_group_scale,
-    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
+    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int, tile_major: bool = False,
 ) -> Tensor:  # fmt: skip
     """``fused_moe`` after routing with one GEMV config: fc1 + SiLU-and-mul, fc2, the top-k sum."""
     top_k = experts.shape[1]
     x = x.contiguous()
     experts = experts.contiguous()
-    h = moe_gemv(x, w13, w13_scale, w13_zeros, None, experts, fc1_row_div(x, experts), True, weight_bits, group_size, cfg, x.dtype)
-    y = moe_gemv(h, w2, w2_scale, w2_zeros, weights.contiguous(), experts, 1, False, weight_bits, group_size, cfg, x.dtype)
+    h = moe_gemv(x, w13, w13_scale, w13_zeros, None, experts, fc1_row_div(x, experts), True, weight_bits, group_size, cfg, x.dtype, tile_major)
+    y = moe_gemv(h, w2, w2_scale, w2_zeros, weights.contiguous(), experts, 1, False, weight_bits, group_size, cfg, x.dtype, tile_major)
     return moe_sum(y, top_k, x.dtype)
 
 

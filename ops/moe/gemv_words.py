@@ -38,7 +38,7 @@ from .grouped_gemm import moe_sum, silu_and_mul_rows
 
 def run_moe_gemv_words(
     cfg: dict, x: Tensor, weights: Tensor, experts: Tensor, w13: Tensor, w13_scale, w13_zeros, w13_group_scale,
-    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
+    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int, tile_major: bool = False,
 ) -> Tensor:  # fmt: skip
     """``fused_moe`` after routing with one word-GEMV config (arguments already checked)."""
     cfg = accumulate_form(cfg)
@@ -46,12 +46,12 @@ def run_moe_gemv_words(
     i = w13.shape[1] // 2
     pairs = experts.reshape(-1).to(torch.int32).contiguous()
     x = x.contiguous()
-    gu = wna16_gemv_words(x, w13, w13_scale, w13_zeros, None, weight_bits, group_size, cfg, pairs, fc1_row_div(x, experts), torch.float32)
+    gu = wna16_gemv_words(x, w13, w13_scale, w13_zeros, None, weight_bits, group_size, cfg, pairs, fc1_row_div(x, experts), torch.float32, tile_major)
     if cfg.get("FUSED_ACT"):  # one launch each for SiLU-and-mul and the weighted top-k sum (same float ops)
         h = silu_and_mul_rows(gu, x.dtype)
     else:
         h = silu_and_mul(gu[:, :i], gu[:, i:]).to(x.dtype)
-    y = wna16_gemv_words(h, w2, w2_scale, w2_zeros, None, weight_bits, group_size, cfg, pairs, 1, torch.float32)
+    y = wna16_gemv_words(h, w2, w2_scale, w2_zeros, None, weight_bits, group_size, cfg, pairs, 1, torch.float32, tile_major)
     if cfg.get("FUSED_ACT"):
         return moe_sum(y, top_k, x.dtype, weights.reshape(-1).contiguous())
     return moe_sum(y.mul_(weights.reshape(-1, 1)), top_k, x.dtype)

@@ -40,7 +40,7 @@ from ..wna16.common import codes_minus_zero, load_codes, mma, zero_plus_magic
 @triton.jit
 def _weight_tile(w_ptr, s_ptr, z_ptr, gs_ptr, rn, k0, K, KW, G, DTYPE: tl.constexpr, WBITS: tl.constexpr, ACT_INT8: tl.constexpr,
                  GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 INTERPRET: tl.constexpr):  # fmt: skip
+                 INTERPRET: tl.constexpr, TILED: tl.constexpr = False):  # fmt: skip
     """Rows ``rn`` of one expert's weight over ``k0 .. k0 + BLOCK_K`` as the dot's operand ``[BLOCK_N, BLOCK_K]``
     (0 past K; the activations are 0 there too)."""
     if GROUP == -1:
@@ -59,7 +59,7 @@ def _weight_tile(w_ptr, s_ptr, z_ptr, gs_ptr, rn, k0, K, KW, G, DTYPE: tl.conste
             q = q * tl.load(gs_ptr + rn * G + g).to(tl.int32)[:, None]
         w = q.to(tl.int8)
     else:
-        u = load_codes(w_ptr, rn, k0, K, KW, WBITS, EVEN_K, BLOCK_N, BLOCK_K)
+        u = load_codes(w_ptr, rn, k0, K, KW, WBITS, EVEN_K, BLOCK_N, BLOCK_K, TILED)  # weight-only: natural or tile-major
         zc = zero_plus_magic(z_ptr, rn * G + g, HAS_ZEROS, WBITS)
         s = tl.load(s_ptr + rn * G + g).to(tl.float32)
         w = to_act_dtype(codes_minus_zero(u, zc[:, None]) * s[:, None], DTYPE, INTERPRET)
@@ -72,7 +72,7 @@ def _moe_gemm_kernel(
     P, N, K, KW, G, ROW_DIV,
     GATED: tl.constexpr, WBITS: tl.constexpr, ACT_INT8: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
+    DOT_F32: tl.constexpr, INTERPRET: tl.constexpr, TILED: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -102,14 +102,14 @@ def _moe_gemm_kernel(
         k0 = kt * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rows[:, None] * K + offs_k[None, :], mask=valid[:, None] & (offs_k < K)[None, :], other=0)
-        w = _weight_tile(w_e, s_e, z_e, gs_e, rn, k0, K, KW, G, dtype, WBITS, ACT_INT8, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K, INTERPRET)
+        w = _weight_tile(w_e, s_e, z_e, gs_e, rn, k0, K, KW, G, dtype, WBITS, ACT_INT8, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K, INTERPRET, TILED)
         if ACT_INT8:
             acc = tl.dot(a, tl.trans(w), acc, out_dtype=tl.int32)
         else:
             acc = mma(a, tl.trans(w), acc, DOT_F32)
         if GATED:
             wu = _weight_tile(w_e, s_e, z_e, gs_e, rn + N, k0, K, KW, G, dtype, WBITS, ACT_INT8, GROUP, HAS_ZEROS, EVEN_K, BLOCK_N, BLOCK_K,
-                              INTERPRET)  # fmt: skip
+                              INTERPRET, TILED)  # fmt: skip
             if ACT_INT8:
                 acc_up = tl.dot(a, tl.trans(wu), acc_up, out_dtype=tl.int32)
             else:
@@ -181,10 +181,11 @@ def block_k_for(cfg: dict, group_size: int) -> int:
 def moe_gemm(
     a: Tensor, a_scale: Tensor | None, w: Tensor, scale: Tensor | None, zeros: Tensor | None, group_scale: Tensor | None,
     topw: Tensor | None, sorted_ids: Tensor, expert_ids: Tensor, total: Tensor, pairs: int, row_div: int, gated: bool,
-    weight_bits: int, act_bits: int, group_size: int, cfg: dict, out_dtype: torch.dtype,
+    weight_bits: int, act_bits: int, group_size: int, cfg: dict, out_dtype: torch.dtype, tiled: bool = False,
 ) -> Tensor:  # fmt: skip
     """One grouped-GEMM launch (arguments already checked): fc1 (``gated``: ``h [pairs, I]`` in
-    ``out_dtype``) or fc2 (``y * topw`` as float32 ``[pairs, H]``)."""
+    ``out_dtype``) or fc2 (``y * topw`` as float32 ``[pairs, H]``); ``tiled``: weight-only ``w``
+    tile-major (ops/moe/tile_major.py)."""
     k = a.shape[1]
     n = w.shape[1] // 2 if gated else w.shape[1]
     block_k = block_k_for(cfg, group_size)
@@ -200,7 +201,7 @@ def moe_gemm(
             pairs, n, k, w.shape[2], groups, row_div,
             GATED=gated, WBITS=weight_bits, ACT_INT8=act_bits == 8, GROUP=group_size, HAS_ZEROS=zeros is not None,
             EVEN_K=k % block_k == 0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            DOT_F32=not a.is_cuda, INTERPRET=interpreting(),
+            DOT_F32=not a.is_cuda, INTERPRET=interpreting(), TILED=tiled,
             num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
         )  # fmt: skip
     return out

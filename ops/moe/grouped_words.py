@@ -23,6 +23,13 @@ has the math and tolerances).
 Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or per channel
 (``SCALE_W``: any multiple of 32).
 
+The codes may be tile-major (``tile_major``, ops/moe/tile_major.py): a program's step over its 128
+rows then reads two 4 KB runs per weight instead of 64 bytes from each of 128 rows 2 KB (fc1) or
+7 KB (fc2) apart. On an H100 (Mixtral, bench moe's seed-0 routing, the shipped 128-row / 8-warp /
+4-stage tile; CUDA-graph medians) the whole call went 389.9 -> 304.9 us at M = 16 (fc1 252.0 ->
+198.0, fc2 135.7 -> 103.9) and 340.2 -> 280.2 us at M = 8, though a plain read of the same bytes
+differs by 4 % between the two layouts (2.94 / 3.05 TB/s).
+
 Opt-in forms for the M = 8-16 gap, none faster than the plain form on an H100 (Mixtral, CUDA-graph
 medians of the whole call; ``qfuse bench moe_forms`` for the first): ``X_WORDS`` (x permuted once
 into the MMA's k order by ``word_order_triton``, h stored by fc1 in that order: each tile loads its
@@ -56,7 +63,7 @@ def _moe_mma_words_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, topw_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, xs_ptr,
     P, N, KW, G, stride_xm, ROW_DIV, W_PER_SPLIT,
     GATED: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, X_WORDS: tl.constexpr, FOLD_ZERO: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
+    TILED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)  # fastest: the programs in flight share their block's activation rows
     pid_m = tl.program_id(1)
@@ -84,10 +91,10 @@ def _moe_mma_words_kernel(
         w0 = w_start + it * 16
         xs = tl.load(xs_ptr + rm * (KW // 16) + w0 // 16) if FOLD_ZERO else None
         acc = words_mma_step(acc, neg, w0, qw_e, s_e, z_e, x_ptr, rn, rm, KW, G, stride_xm,
-                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
+                             dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs, TILED)  # fmt: skip
         if GATED:
             acc_up = words_mma_step(acc_up, neg_up, w0, qw_e, s_e, z_e, x_ptr, rn + N, rm, KW, G, stride_xm,
-                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs)  # fmt: skip
+                                    dtype, GROUP, HAS_ZEROS, SCALE_W, False, X_WORDS, BLOCK_M, BLOCK_N, ASM, DOT_F32, FOLD_ZERO, xs, TILED)  # fmt: skip
     if GROUP == -1:
         acc = acc * tl.load(s_e + rn).to(tl.float32)[:, None]
         if GATED:
@@ -108,10 +115,10 @@ def _moe_mma_words_kernel(
 
 def moe_mma_words(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, topw: Tensor | None, group_size: int, cfg: dict,
-    route: tuple[Tensor, Tensor, Tensor], pairs: int, row_div: int, split_k: int,
+    route: tuple[Tensor, Tensor, Tensor], pairs: int, row_div: int, split_k: int, tiled: bool = False,
 ) -> Tensor:  # fmt: skip
     """One launch over ``route = align_block_size(experts, E, cfg["BLOCK_M"])`` for 4-bit
-    ``qweight`` (the natural packing), ``scales`` / ``zeros`` ``[E, rows, G]``: fc1 (``topw``
+    ``qweight`` (the natural packing, or tile-major with ``tiled``), ``scales / ``zeros`` ``[E, rows, G]``: fc1 (``topw``
     None, ``w13 [E, 2I, H / 2]``): ``h [pairs, I]`` in x's dtype, ``h[p] = silu(g) * u`` of
     ``x[p // row_div]``'s gate and up rows; fc2: float32 ``[split_k, pairs, N]``, slice s of row p
     ``(x[p] @ w_hat[e_p].T over K slice s) * topw[p]``."""
@@ -134,7 +141,7 @@ def moe_mma_words(
         launch(_moe_mma_words_kernel, grid,
             x, aligned_view(qweight, torch.int32), scales, zeros if zeros is not None else scales, topw if topw is not None else scales,
             out, sorted_ids, expert_ids, total, xs if xs is not None else scales, pairs, n, kw, scales.shape[-1], x.stride(0), row_div, kw // split_k,
-            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold,
+            GATED=gated, GROUP=group_size, HAS_ZEROS=zeros is not None, SCALE_W=bool(cfg.get("SCALE_W", False)), X_WORDS=bool(cfg.get("X_WORDS", False)), FOLD_ZERO=fold, TILED=tiled,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=x.is_cuda, DOT_F32=not x.is_cuda, INTERPRET=interpreting(),
             num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
         )  # fmt: skip
@@ -143,15 +150,17 @@ def moe_mma_words(
 
 def run_moe_grouped_words(
     cfg: dict, x: Tensor, weights: Tensor, experts: Tensor, w13: Tensor, w13_scale, w13_zeros, w13_group_scale,
-    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int,
+    w2: Tensor, w2_scale, w2_zeros, w2_group_scale, weight_bits: int, act_bits: int, group_size: int, tile_major: bool = False,
 ) -> Tensor:  # fmt: skip
     """``fused_moe`` after routing with one config (arguments already checked; 4-bit, float activations)."""
     top_k = experts.shape[1]
     pairs = experts.numel()
     route = align_block_size(experts, w13.shape[0], cfg["BLOCK_M"])
     x = word_order_triton(x, 128) if cfg.get("X_WORDS") else x.contiguous()
-    h = moe_mma_words(x, w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, fc1_row_div(x, experts), 1)
-    y = moe_mma_words(h, w2, w2_scale, w2_zeros, weights.reshape(-1).contiguous(), group_size, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1))
+    h = moe_mma_words(x, w13, w13_scale, w13_zeros, None, group_size, cfg, route, pairs, fc1_row_div(x, experts), 1, tile_major)
+    y = moe_mma_words(
+        h, w2, w2_scale, w2_zeros, weights.reshape(-1).contiguous(), group_size, cfg, route, pairs, 1, cfg.get("SPLIT_K", 1), tile_major
+    )
     return moe_sum(y, top_k, x.dtype)
 
 

@@ -45,20 +45,41 @@ def tile_coords(M, N, K_PER_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def tile_major_rows(rn, row_len, UNIT: tl.constexpr):
+    """Where rows ``rn`` of a matrix of ``row_len``-element rows start in its tile-major layout
+    (ops/moe/tile_major.py): tiles of 64 rows x ``UNIT`` elements (64 bytes), stored row tile by
+    row tile, each one's tiles along the row in order. Add :func:`tile_major_cols` of the columns."""
+    return (rn // 64) * (row_len * 64) + (rn % 64) * UNIT
+
+
+@triton.jit
+def tile_major_cols(c, UNIT: tl.constexpr):
+    """The part of columns ``c`` in a tile-major offset (:func:`tile_major_rows`)."""
+    return (c // UNIT) * (64 * UNIT) + c % UNIT
+
+
+@triton.jit
 def codes_minus_zero(u, zc):
     """``float32(u - z)`` for int32 codes ``u`` in [0, 255]; ``zc`` = 2**23 + z (float32)."""
     return (u | 0x4B000000).to(tl.float32, bitcast=True) - zc
 
 
 @triton.jit
-def load_codes(qw_ptr, rn, k0, K, KB, BITS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """int32 codes ``u[rn, k0 : k0 + BLOCK_K]`` as ``[BLOCK_N, BLOCK_K]`` (0 past K).
+def load_codes(qw_ptr, rn, k0, K, KB, BITS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               TILED: tl.constexpr = False):  # fmt: skip
+    """int32 codes ``u[rn, k0 : k0 + BLOCK_K]`` as ``[BLOCK_N, BLOCK_K]`` (0 past K); ``KB`` bytes per
+    row, ``TILED``: in the tile-major layout (:func:`tile_major_rows`; K a whole number of tiles).
 
     4-bit: ``BLOCK_K / 2`` contiguous bytes per row (vector loads), nibbles interleaved in
     registers: ``join(low, high)`` puts k = 2j, 2j + 1 side by side, the reshape merges them."""
+    if TILED:
+        row = tile_major_rows(rn, KB, 64)
+    else:
+        row = rn * KB
     if BITS == 4:
         offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ptrs = qw_ptr + rn[:, None] * KB + offs_j[None, :]
+        col = tile_major_cols(offs_j, 64) if TILED else offs_j
+        ptrs = qw_ptr + row[:, None] + col[None, :]
         if EVEN_K:
             b = tl.load(ptrs, eviction_policy="evict_first").to(tl.int32)
         else:
@@ -66,7 +87,8 @@ def load_codes(qw_ptr, rn, k0, K, KB, BITS: tl.constexpr, EVEN_K: tl.constexpr, 
         return tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        ptrs = qw_ptr + rn[:, None] * KB + offs_k[None, :]
+        col = tile_major_cols(offs_k, 64) if TILED else offs_k
+        ptrs = qw_ptr + row[:, None] + col[None, :]
         if EVEN_K:
             return tl.load(ptrs, eviction_policy="evict_first").to(tl.int32)
         else:

@@ -89,7 +89,7 @@ from .._exact_triton import bf16_rne_f32
 from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
-from .common import cdiv, output_buffers, store_row
+from .common import cdiv, output_buffers, store_row, tile_major_cols, tile_major_rows
 
 
 def _word_dot_ptx(words: int) -> str:
@@ -225,7 +225,7 @@ def _wna16_gemv_words_kernel(
     M, N, KW, G, W_PER_SPLIT, SPLIT_K, MAGIC_BITS, CODE_MASK,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, VEC: tl.constexpr, HFMA2: tl.constexpr,
-    ASM: tl.constexpr, EXPERTS: tl.constexpr = False, ROW_DIV: tl.constexpr = 1,
+    ASM: tl.constexpr, EXPERTS: tl.constexpr = False, ROW_DIV: tl.constexpr = 1, TILED: tl.constexpr = False,
 ):  # fmt: skip
     CPW: tl.constexpr = 32 // BITS  # codes per word
     CPH: tl.constexpr = CPW // 2  # codes per 16-bit half
@@ -257,6 +257,8 @@ def _wna16_gemv_words_kernel(
     x_row = x_ptr + x_m * (KW * CPW)
     w_start = pid_k * W_PER_SPLIT
     row = rn * KW
+    if TILED:  # tile-major words (ops/moe/tile_major.py)
+        row = tile_major_rows(rn, KW, 16)
     if VEC > 1:
         row = tl.multiple_of(row, VEC)
     # Both forms load a tile as one [BLOCK_N, BLOCK_W] block, contiguous along its rows, and
@@ -300,7 +302,8 @@ def _wna16_gemv_words_kernel(
         if VEC > 1:
             w0 = tl.multiple_of(w0, VEC)
         ow = w0 + cols
-        words = tl.load(qw_ptr + row[:, None] + ow[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        w_col = tile_major_cols(ow, 16) if TILED else ow
+        words = tl.load(qw_ptr + row[:, None] + w_col[None, :], eviction_policy="evict_first").to(tl.uint32, bitcast=True)
         words = tl.reshape(words, (BLOCK_N, NG, WPG))
         if HFMA2:
             xa = tl.reshape(tl.load(xw_row + ow * 4, eviction_policy="evict_last"), (1, NG, WPG))
@@ -373,7 +376,7 @@ def tile_words(k: int, bits: int, group_size: int, block_w: int) -> int:
 
 def wna16_gemv_words(
     x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None, bias: Tensor | None, bits: int, group_size: int, cfg: dict,
-    experts: Tensor | None = None, row_div: int = 1, out_dtype: torch.dtype | None = None,
+    experts: Tensor | None = None, row_div: int = 1, out_dtype: torch.dtype | None = None, tiled: bool = False,
 ) -> Tensor:  # fmt: skip
     """Launch with config ``cfg`` = {BLOCK_N, BLOCK_W, SPLIT_K, num_warps, MAXNREG (optional: ptxas
     register cap per thread, CUDA only), HFMA2 (optional: 4-bit with bf16 activations, each
@@ -381,7 +384,7 @@ def wna16_gemv_words(
 
     ``experts`` (int32 ``[P]``, fused_moe's pairs): ``qweight [E, N, K * bits / 8]``, ``scales``
     and ``zeros`` ``[E, N, G]``; output row p is ``x[p // row_div] @ w_hat[experts[p]].T``.
-    ``out_dtype``: the output's dtype (default x's)."""
+    ``out_dtype``: the output's dtype (default x's); ``tiled``: ``qweight`` tile-major (ops/moe/tile_major.py)."""
     m, k = x.shape
     n = qweight.shape[-2]
     if experts is not None:
@@ -415,7 +418,7 @@ def wna16_gemv_words(
         experts if experts is not None else words, m, n, kw, scales.shape[-1], w_per_split, split_k, 0x4B000000, (1 << bits) - 1,
         BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_W=block_w, VEC=vec, HFMA2=hfma2, ASM=x.is_cuda,
-        EXPERTS=experts is not None, ROW_DIV=row_div, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
+        EXPERTS=experts is not None, ROW_DIV=row_div, TILED=tiled, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", LAUNCH_OPTIONS["num_stages"]), **cap,
     )  # fmt: skip
     return out
 

@@ -68,7 +68,7 @@ from .._autotune import m_bucket, split_k_choices
 from .._launch import launch
 from .._views import aligned_view
 from ..kernel_family import KernelFamily, Problem
-from .common import cdiv, mma, output_buffers, split_for, store_tile, tile_coords
+from .common import cdiv, mma, output_buffers, split_for, store_tile, tile_coords, tile_major_rows
 
 # One word -> 4 pairs of 16-bit values. $8 the word, $9 -(MAGIC + z), ($10 the scale). Pair p is
 # nibbles (p, p + 4), in place at bits 4p and 16 + 4p after one shift; with BYTE_PAIRS it is the
@@ -202,7 +202,7 @@ def words_mma_step(
     acc, neg, w0, qw_ptr, s_ptr, z_ptr, x_ptr, rn, rm, KW, G, stride_xm,
     dtype: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_W: tl.constexpr, BYTE_PAIRS: tl.constexpr,
     X_WORDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
-    FOLD_ZERO: tl.constexpr = False, xs=None,
+    FOLD_ZERO: tl.constexpr = False, xs=None, TILED: tl.constexpr = False,
 ):  # fmt: skip
     """One 128-code tile (words ``w0 .. w0 + 15`` of rows ``rn``) of the loop of the kernels that
     read int4 words into the MMA (the dense op's and fused_moe's ``grouped_words``): ``acc
@@ -216,12 +216,18 @@ def words_mma_step(
         acc[n, m] += (sum_k' (MAGIC + u)[n, k'] x[m, k'] - (MAGIC + z[n]) * xs[m]) * s[n, g]
 
     The products are exact; the float32 sums cancel terms up to (MAGIC + 15) times those of the
-    plain form (143x in bf16, 1039x in fp16), a few bits of float32's 24."""
+    plain form (143x in bf16, 1039x in fp16), a few bits of float32's 24.
+
+    ``TILED``: ``qw_ptr``'s words are tile-major (ops/moe/tile_major.py; the tile's words of each 64
+    rows one 4 KB run), the same codes at other addresses."""
     BLOCK_K: tl.constexpr = 128
     MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
     kc = tl.arange(0, 4) * 32  # words (c, 0..3) of a tile hold natural k = 32c .. 32c + 31: one group (GROUP >= 32)
     k0 = w0 * 8
-    words = tl.load(qw_ptr + rn[:, None] * KW + (w0 + tl.arange(0, 16))[None, :], eviction_policy="evict_first")
+    if TILED:  # tile-major words (ops/moe/tile_major.py): the tile's 16 words of 64 rows are 4 KB in a row
+        words = tl.load(qw_ptr + (tile_major_rows(rn, KW, 16) + w0 * 64)[:, None] + tl.arange(0, 16)[None, :], eviction_policy="evict_first")
+    else:
+        words = tl.load(qw_ptr + rn[:, None] * KW + (w0 + tl.arange(0, 16))[None, :], eviction_policy="evict_first")
     words = tl.reshape(words, (BLOCK_N, 4, 4))  # [n, c, q]: word 4c + q of the tile
     if SCALE_W:  # scale (and zero point) of each word's group
         if GROUP % 128 == 0:  # one group per tile

@@ -73,6 +73,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             HFMA2=int(cfg.get("HFMA2", 0)),
             ASM=True,
             EXPERTS=False,
+            TILED=bool(cfg.get("TILED", False)),
             ROW_DIV=1,
         )
         return fn, sig, consts, cfg["BLOCK_N"] * cfg["BLOCK_W"] * 4
@@ -185,6 +186,7 @@ def kernel_spec(kernel: str, bits: int, group: int, zeros: bool, dtype: str, cfg
             SCALE_W=bool(cfg.get("SCALE_W", False)),
             X_WORDS=bool(cfg.get("X_WORDS", False)),
             FOLD_ZERO=bool(cfg.get("FOLD_ZERO", False)),
+            TILED=bool(cfg.get("TILED", False)),
             BLOCK_M=cfg["BLOCK_M"],
             BLOCK_N=cfg["BLOCK_N"],
             ASM=True,
