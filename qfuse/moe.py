@@ -34,7 +34,9 @@ from torch import Tensor, nn
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
 from .eager_graphs import graphs_of, own_tensors, replayable
 from .linear import KeepsFloat32Buffers, QuantLinear
+from .ops._autotune import experimental_kernels
 from .ops.moe.fused_moe import GROUP_SIZES
+from .ops.moe.tile_major import from_tile_major, tile_major_supported, to_tile_major
 from .ops.w4a8_gemm import dequantize_w4a8
 from .ops.wna16_gemm import dequantize_wna16
 from .quantizers import quantize_w4a8, quantize_w8a8, quantize_wna16
@@ -164,7 +166,13 @@ def _act_order_moved_to_rows(layers: list[tuple[QuantLinear, QuantLinear, QuantL
 
 class QuantExperts(KeepsFloat32Buffers):
     """E SiLU-gated expert MLPs with prepacked weights (buffers: ``state_dict`` round-trips), run by
-    ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16)."""
+    ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16).
+
+    With ``QFUSE_EXPERIMENTAL_KERNELS=1`` when built, weight-only experts (W8A16, W4A16) whose
+    matrices are whole 64-row x 64-byte tiles hold their codes tile-major (:attr:`tile_major`,
+    ops/moe/tile_major.py; not yet timed or run through the GPU grid): given in the natural packing,
+    stored reordered, and given back natural by :meth:`expert_layers`, :meth:`dequantized_weights`
+    and ``state_dict`` (a state_dict is natural either way, and loads into either layout)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, renormalize: bool,
                  scheme: Scheme | str | None, tensors: dict[str, Tensor | None]):  # fmt: skip
@@ -175,8 +183,48 @@ class QuantExperts(KeepsFloat32Buffers):
         self.top_k = top_k
         self.renormalize = renormalize
         self.scheme = None if scheme is None else get_scheme(scheme)
+        self._tile_major = experimental_kernels() and self._tiles_whole()
         for name in _TENSOR_NAMES + _ACT_PERM_NAMES:
-            self.register_buffer(name, tensors.get(name))
+            t = tensors.get(name)
+            self.register_buffer(name, to_tile_major(t) if name in ("w13", "w2") and t is not None and self.tile_major else t)
+
+    @property
+    def tile_major(self) -> bool:
+        """Whether the codes are stored tile-major (fixed when the module is built)."""
+        return self._tile_major
+
+    def _tiles_whole(self) -> bool:
+        """Weight-only experts with 2I, H and the bytes per row of w13 and w2 multiples of 64 (Mixtral, Qwen-MoE)."""
+        s = self.scheme
+        if s is None or not s.weight_only:
+            return False
+        h, i, bits = self.hidden_size, self.intermediate_size, s.weight_bits
+        return tile_major_supported(2 * i, h * bits // 8) and tile_major_supported(h, i * bits // 8)
+
+    def natural_codes(self, name: str, e: int | None = None) -> Tensor:
+        """``w13`` or ``w2`` (expert ``e``'s only, if given) in the natural packing (a copy where stored tile-major)."""
+        t = getattr(self, name) if e is None else getattr(self, name)[e]
+        return from_tile_major(t) if self.tile_major else t
+
+    def _expert_part(self, name: str, e: int, rows: slice) -> Tensor | None:
+        """Rows ``rows`` of expert ``e``'s buffer ``name`` (codes in the natural packing), or None."""
+        if name in ("w13", "w2"):
+            return self.natural_codes(name, e)[rows]
+        t = getattr(self, name)
+        return None if t is None else t[e, rows]
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.tile_major:  # saved in the natural packing
+            for name in ("w13", "w2"):
+                destination[prefix + name] = self.natural_codes(name)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        if self.tile_major:  # a state_dict holds natural codes
+            for name in ("w13", "w2"):
+                if prefix + name in state_dict:
+                    state_dict[prefix + name] = to_tile_major(state_dict[prefix + name])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     @classmethod
     def from_weights(
@@ -211,7 +259,7 @@ class QuantExperts(KeepsFloat32Buffers):
         w13, w2 = (self.w13.to(x.dtype), self.w2.to(x.dtype)) if bits == 16 else (self.w13, self.w2)
         return torch.ops.qfuse.fused_moe(
             x, router_logits, self.top_k, self.renormalize, w13, w13_scale, self.w13_zeros, self.w13_group_scale,
-            w2, w2_scale, self.w2_zeros, self.w2_group_scale, bits, act_bits, group_size, self.w13_act_perm,
+            w2, w2_scale, self.w2_zeros, self.w2_group_scale, bits, act_bits, group_size, self.w13_act_perm, self.tile_major,
         )  # fmt: skip
 
     def dequantized_weights(self) -> tuple[Tensor, Tensor]:
@@ -223,8 +271,8 @@ class QuantExperts(KeepsFloat32Buffers):
             return self.w13, self.w2
         out = []
         for w, s, z, gs in (
-            (self.w13, self.w13_scale, self.w13_zeros, self.w13_group_scale),
-            (self.w2, self.w2_scale, self.w2_zeros, self.w2_group_scale),
+            (self.natural_codes("w13"), self.w13_scale, self.w13_zeros, self.w13_group_scale),
+            (self.natural_codes("w2"), self.w2_scale, self.w2_zeros, self.w2_group_scale),
         ):
             per_expert = []
             for e in range(self.num_experts):
@@ -249,7 +297,8 @@ class QuantExperts(KeepsFloat32Buffers):
     def expert_layers(self, e: int) -> tuple[QuantLinear, QuantLinear, QuantLinear]:
         """Expert ``e``'s gate ``[I, H]``, up ``[I, H]`` and down ``[H, I]`` projections as QuantLinears of
         the experts' scheme, each exactly a dense layer of that scheme; their buffers are views of this module's
-        (act-order experts: the layers as loaded, each with its ``act_perm``; gate and up are then copies)."""
+        (the codes of tile-major experts: natural copies; act-order experts: the layers as loaded, each with its
+        ``act_perm``; gate and up are then copies)."""
         if self.scheme is None:
             raise ValueError("expert_layers: the experts are not quantized (scheme=None); their float weights are w13 and w2")
         if not 0 <= e < self.num_experts:
@@ -258,8 +307,7 @@ class QuantExperts(KeepsFloat32Buffers):
         names = _linear_names(self.scheme)
         out = []
         for w, rows, k in (("w13", slice(0, i), h), ("w13", slice(i, 2 * i), h), ("w2", slice(0, h), i)):
-            tensors = {lin: getattr(self, w + suffix) for suffix, lin in names.items()}
-            tensors = {lin: None if t is None else t[e, rows] for lin, t in tensors.items()}
+            tensors = {lin: self._expert_part(w + suffix, e, rows) for suffix, lin in names.items()}
             perm = self.w2_act_perm if w == "w2" else self.w13_act_perm
             perm = None if perm is None or torch.equal(perm[e], torch.arange(k, device=perm.device)) else perm[e]  # natural: none
             out.append(QuantLinear(k, rows.stop - rows.start, self.scheme, tensors, None, perm))

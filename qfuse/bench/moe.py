@@ -117,13 +117,14 @@ def _scheme(case: str) -> str | None:
     return None if case in ("bf16", "loop") else case.removesuffix("_ACTORDER")
 
 
-def expert_tensors(w13: torch.Tensor, w2: torch.Tensor, top_k: int, case: str) -> tuple[tuple, tuple[int, int, int]]:
-    """``fused_moe``'s eight weight arguments (TENSORS order) and ``(weight_bits, act_bits, group_size)`` for
-    float ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` quantized as ``case``."""
+def expert_tensors(w13: torch.Tensor, w2: torch.Tensor, top_k: int, case: str) -> tuple[tuple, tuple[int, int, int], bool]:
+    """``fused_moe``'s eight weight arguments (TENSORS order), ``(weight_bits, act_bits, group_size)`` and
+    ``tile_major`` for float ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` quantized as ``case``, as ``QuantExperts``
+    holds them (weight-only codes tile-major where the shapes allow)."""
     from qfuse.moe import QuantExperts
 
     experts = QuantExperts.from_weights(w13, w2, top_k, True, _scheme(case), name=case)
-    return tuple(getattr(experts, n) for n in TENSORS), experts.format
+    return tuple(getattr(experts, n) for n in TENSORS), experts.format, experts.tile_major
 
 
 def nbytes(tensors) -> int:
@@ -134,8 +135,8 @@ def clone(tensors) -> tuple:
     return tuple(None if t is None else t.clone() for t in tensors)
 
 
-def fused_moe(x, logits, top_k: int, tensors, fmt, act_perm=None):
-    return torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tensors, *fmt, act_perm)
+def fused_moe(x, logits, top_k: int, tensors, fmt, act_perm=None, tile_major=False):
+    return torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tensors, *fmt, act_perm, tile_major)
 
 
 def random_act_perm(e: int, h: int, seed: int = 0, device="cpu") -> torch.Tensor:
@@ -200,7 +201,7 @@ def _picked_config(dev: torch.device, m: int, e: int, i: int, h: int, top_k: int
     return "" if cfg is None else str(cfg)
 
 
-def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float, families=None) -> list[dict]:
+def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float, families=None, tile_major=False) -> list[dict]:
     """One row per config of every family (of ``families``, where given) that supports this call's key (opt-in ones included):
     ``family``, ``config``, ``us`` (``timed`` over the weight copies ``sets``), ``x_pick``
     (``pick_us`` / us), ``opt_in`` (why its family keeps it opt-in, "" if offered), ``max_rel_err``
@@ -217,8 +218,8 @@ def every_config(x, logits, top_k: int, sets, fmt, ref, timed, pick_us: float, f
             continue
         row = {"family": cfg["kernel"], "config": str(cfg), "opt_in": REGISTRY.family(cfg["kernel"]).opt_in_reason(cfg)}
         try:
-            err = _rel_err(REGISTRY.run(cfg, x, weights, experts, *sets[0], *fmt), ref)
-            us = timed([lambda t=t, c=cfg: REGISTRY.run(c, x, weights, experts, *t, *fmt) for t in sets])
+            err = _rel_err(REGISTRY.run(cfg, x, weights, experts, *sets[0], *fmt, tile_major), ref)
+            us = timed([lambda t=t, c=cfg: REGISTRY.run(c, x, weights, experts, *t, *fmt, tile_major) for t in sets])
             row.update(us=round(us, 2), x_pick=round(pick_us / us, 3), max_rel_err=err)
         except Exception as exc:  # a config that does not compile or fit: its reason, the others go on
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
@@ -253,10 +254,10 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
     weights = {}  # case -> ([copies of the eight tensors], format, bytes of one expert)
     for case in dict.fromkeys("bf16" if c == "loop" else c for c in args.cases):
         t0 = time.perf_counter()
-        tensors, fmt = expert_tensors(w13f, w2f, top_k, case)
+        tensors, fmt, tiled = expert_tensors(w13f, w2f, top_k, case)
         per_expert = nbytes(tensors) // e
         copies = max(copies_for(touched[m] * per_expert) for m in args.m) if cuda else 1
-        weights[case] = ([tensors] + [clone(tensors) for _ in range(copies - 1)], fmt, per_expert)
+        weights[case] = ([tensors] + [clone(tensors) for _ in range(copies - 1)], fmt, per_expert, tiled)
         log(f"[moe] {name} {case}: {per_expert / 1e6:.2f} MB per expert, {copies} copies, built in {time.perf_counter() - t0:.1f} s")
     act_perm = random_act_perm(e, h, args.seed, dev) if "W4A16_ACTORDER" in args.cases else None  # its input orders
     del w13f, w2f
@@ -274,18 +275,18 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
         for case in args.cases:
             row = {"shape": name, "M": m, "case": case}
             try:
-                sets, fmt, per_expert = weights["bf16" if case == "loop" else case]
+                sets, fmt, per_expert, tiled = weights["bf16" if case == "loop" else case]
                 n = copies_for(touched[m] * per_expert) if cuda else 1
                 key = "bf16" if case == "loop" else case
                 perm = act_perm if case.endswith("_ACTORDER") else None
                 if key not in refs:
-                    refs[key] = fused_moe_ref(x, logits, top_k, True, *sets[0], *fmt, perm)
+                    refs[key] = fused_moe_ref(x, logits, top_k, True, *sets[0], *fmt, perm, tiled)
                 if case == "loop":
                     out = moe_loop(x, logits, top_k, sets[0][0], sets[0][4], plan)
                     calls = [lambda t=t: moe_loop(x, logits, top_k, t[0], t[4], plan) for t in sets[:n]]
                 else:
-                    out = fused_moe(x, logits, top_k, sets[0], fmt, perm)  # eager first: the config pick (a measurement on a new key)
-                    calls = [lambda t=t: fused_moe(x, logits, top_k, t, fmt, perm) for t in sets[:n]]
+                    out = fused_moe(x, logits, top_k, sets[0], fmt, perm, tiled)  # eager first: the config pick (a measurement on a new key)
+                    calls = [lambda t=t: fused_moe(x, logits, top_k, t, fmt, perm, tiled) for t in sets[:n]]
                 err = _rel_err(out, refs[key])
                 us[case] = timed(calls)
                 floor_us = touched[m] * per_expert / bw * 1e6
@@ -310,7 +311,7 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
                     seed=args.seed,
                 )
                 if args.every_config and case != "loop" and perm is None and on_config is not None:
-                    for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case], args.families):
+                    for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case], args.families, tiled):
                         on_config({"shape": name, "M": m, "case": case, **c, "E": e, "top_k": top_k, "H": h, "I": i,
                                    "bits": fmt[0], "act_bits": fmt[1], "group_size": fmt[2]})  # fmt: skip
             except Exception as exc:  # a case that fails must not cost the others

@@ -101,6 +101,41 @@ def test_state_dict_round_trips():
     assert qmoe.experts.weight_bytes() < block.experts.gate_up_proj.numel() * 2 * 0.5 * 1.5
 
 
+@pytest.mark.parametrize("scheme", ["W4A16", "W8A16", "W4A8_G128"])
+def test_weight_only_codes_tile_major_when_experimental(scheme, monkeypatch):
+    """With QFUSE_EXPERIMENTAL_KERNELS=1 weight-only experts hold their codes tile-major and give them
+    back natural (expert_layers, dequantized_weights, state_dict); the op reads them so and gives the
+    natural layout's bits; int8-activation experts keep the natural packing."""
+    from qfuse.ops.moe.tile_major import to_tile_major
+
+    w13, w2 = (torch.randn(4, 512, 256) / 16).bfloat16(), (torch.randn(4, 256, 256) / 16).bfloat16()  # H = I = 256: 2+ tiles per row
+    natural = QuantExperts.from_weights(w13, w2, 2, True, scheme)
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
+    experts = QuantExperts.from_weights(w13, w2, 2, True, scheme)
+    assert not natural.tile_major and experts.tile_major == (scheme != "W4A8_G128")
+    assert torch.equal(experts.natural_codes("w13"), natural.w13) and torch.equal(experts.natural_codes("w2"), natural.w2)
+    if experts.tile_major:
+        assert torch.equal(experts.w13, to_tile_major(natural.w13)) and not torch.equal(experts.w13, natural.w13)
+    for e in range(4):
+        for a, b in zip(experts.expert_layers(e), natural.expert_layers(e)):
+            assert torch.equal(a.qweight, b.qweight)
+    rebuilt = QuantExperts.from_expert_layers([natural.expert_layers(e) for e in range(4)], 2, True, scheme)
+    assert torch.equal(rebuilt.w13, experts.w13) and torch.equal(rebuilt.w2, experts.w2)
+    x, logits = torch.randn(5, 256).bfloat16(), torch.randn(5, 4)
+    assert torch.equal(experts(x, logits), natural(x, logits))
+    for a, b in zip(experts.dequantized_weights(), natural.dequantized_weights()):
+        assert torch.equal(a, b)
+    saved = experts.state_dict()
+    assert saved.keys() == natural.state_dict().keys() and all(torch.equal(saved[k], v) for k, v in natural.state_dict().items() if v is not None)
+    fresh = QuantExperts.from_weights(torch.zeros_like(w13), torch.zeros_like(w2), 2, True, scheme)
+    fresh.load_state_dict(natural.state_dict())  # a natural state_dict into a tile-major module
+    assert torch.equal(fresh.w13, experts.w13) and torch.equal(fresh.w2, experts.w2)
+    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS")
+    plain = QuantExperts.from_weights(torch.zeros_like(w13), torch.zeros_like(w2), 2, True, scheme)
+    plain.load_state_dict(saved)  # and a tile-major module's into a natural one
+    assert torch.equal(plain.w13, natural.w13)
+
+
 @pytest.mark.parametrize("scheme", ["W8A8", "W4A8_G128"])
 def test_module_to_dtype_keeps_the_experts_float32_scales(scheme):
     qmoe = QuantMoE.from_block(_block(tiny_moe_model("mixtral")), scheme)

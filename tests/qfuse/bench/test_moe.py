@@ -132,14 +132,14 @@ def test_act_order_case_passes_its_input_orders():
     h, i, e, top_k = bench_moe.SHAPES["tiny"]
     g = torch.Generator().manual_seed(0)
     w13, w2 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).bfloat16(), (torch.randn(e, h, i, generator=g) / i**0.5).bfloat16()
-    tensors, fmt = bench_moe.expert_tensors(w13, w2, top_k, "W4A16_ACTORDER")
+    tensors, fmt, tiled = bench_moe.expert_tensors(w13, w2, top_k, "W4A16_ACTORDER")
     assert fmt == bench_moe.expert_tensors(w13, w2, top_k, "W4A16")[1] == (4, 16, 128)
     perm = bench_moe.random_act_perm(e, h, 0, "cpu")
     assert perm.shape == (e, h) and torch.equal(perm.sort(dim=1).values, torch.arange(h).expand(e, h))
     x, logits = torch.randn(5, h, generator=g).bfloat16(), torch.randn(5, e, generator=g)
-    out = bench_moe.fused_moe(x, logits, top_k, tensors, fmt, perm)
-    assert torch.equal(out, fused_moe_ref(x, logits, top_k, True, *tensors, *fmt, perm))
-    assert not torch.equal(out, bench_moe.fused_moe(x, logits, top_k, tensors, fmt))
+    out = bench_moe.fused_moe(x, logits, top_k, tensors, fmt, perm, tiled)
+    assert torch.equal(out, fused_moe_ref(x, logits, top_k, True, *tensors, *fmt, perm, tiled))
+    assert not torch.equal(out, bench_moe.fused_moe(x, logits, top_k, tensors, fmt, None, tiled))
 
 
 def test_run_as_a_module_reads_its_command_line(tmp_path, monkeypatch):
