@@ -118,7 +118,7 @@ def moe_mma_words(
     route: tuple[Tensor, Tensor, Tensor], pairs: int, row_div: int, split_k: int, tiled: bool = False,
 ) -> Tensor:  # fmt: skip
     """One launch over ``route = align_block_size(experts, E, cfg["BLOCK_M"])`` for 4-bit
-    ``qweight`` (the natural packing, or tile-major with ``tiled``), ``scales / ``zeros`` ``[E, rows, G]``: fc1 (``topw``
+    ``qweight`` (the natural packing, or tile-major with ``tiled``), ``scales`` / ``zeros`` ``[E, rows, G]``: fc1 (``topw``
     None, ``w13 [E, 2I, H / 2]``): ``h [pairs, I]`` in x's dtype, ``h[p] = silu(g) * u`` of
     ``x[p // row_div]``'s gate and up rows; fc2: float32 ``[split_k, pairs, N]``, slice s of row p
     ``(x[p] @ w_hat[e_p].T over K slice s) * topw[p]``."""

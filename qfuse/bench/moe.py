@@ -120,7 +120,7 @@ def _scheme(case: str) -> str | None:
 def expert_tensors(w13: torch.Tensor, w2: torch.Tensor, top_k: int, case: str) -> tuple[tuple, tuple[int, int, int], bool]:
     """``fused_moe``'s eight weight arguments (TENSORS order), ``(weight_bits, act_bits, group_size)`` and
     ``tile_major`` for float ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` quantized as ``case``, as ``QuantExperts``
-    holds them (weight-only codes tile-major where the shapes allow)."""
+    holds them (weight-only codes tile-major with ``QFUSE_EXPERIMENTAL_KERNELS=1`` where the shapes allow)."""
     from qfuse.moe import QuantExperts
 
     experts = QuantExperts.from_weights(w13, w2, top_k, True, _scheme(case), name=case)

@@ -38,6 +38,11 @@ def _args(argv):
     return p.parse_args(argv)
 
 
+def _with_codes(tensors: tuple, layout) -> tuple:
+    """fused_moe's eight weight arguments with w13's and w2's codes passed through ``layout``."""
+    return (layout(tensors[0]), *tensors[1:4], layout(tensors[4]), *tensors[5:])
+
+
 def _time_config(gw, cfg, layout, copies, x, weights, experts, fmt, ref, floor, row_div, topw, pairs, e) -> dict:
     """One row: ``cfg``'s whole call and fc1 / fc2 alone on ``copies`` of the experts in ``layout``."""
     from qfuse.ops.moe.align import align_block_size
@@ -81,14 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     w2 = torch.randn(e, h, i, device="cuda", generator=gen).mul_(i**-0.5).to(torch.bfloat16)
     tensors, fmt, tiled = expert_tensors(w13, w2, top_k, "W4A16")
     if tiled:  # QFUSE_EXPERIMENTAL_KERNELS=1: the experts came tile-major
-        tensors = (from_tile_major(tensors[0]), *tensors[1:4], from_tile_major(tensors[4]), *tensors[5:])
+        tensors = _with_codes(tensors, from_tile_major)
     bits, group = fmt[0], fmt[2]
     del w13, w2
     torch.cuda.empty_cache()
     per_expert = sum(t.numel() * t.element_size() for t in tensors if t is not None) // e
     sets = {"natural": [tensors] + [clone(tensors) for _ in range(copies_for(e * per_expert) - 1)]}
     if args.tile_major:
-        sets["tile_major"] = [(to_tile_major(t[0]), *t[1:4], to_tile_major(t[4]), *t[5:]) for t in sets["natural"]]
+        sets["tile_major"] = [_with_codes(t, to_tile_major) for t in sets["natural"]]
     gpu = torch.cuda.get_device_name()
     print(
         f"{gpu}, torch {torch.__version__}: {args.shape} W4A16 g128, {per_expert / 1e6:.1f} MB per expert, {len(sets['natural'])} copies", flush=True
