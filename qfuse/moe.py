@@ -170,7 +170,7 @@ class QuantExperts(KeepsFloat32Buffers):
 
     With ``QFUSE_EXPERIMENTAL_KERNELS=1`` when built, weight-only experts (W8A16, W4A16) whose
     matrices are whole 64-row x 64-byte tiles hold their codes tile-major (:attr:`tile_major`,
-    ops/moe/tile_major.py; not yet timed or run through the GPU grid): given in the natural packing,
+    ops/moe/tile_major.py; timed on an H100 only, not yet through the GPU grid): given in the natural packing,
     stored reordered, and given back natural by :meth:`expert_layers`, :meth:`dequantized_weights`
     and ``state_dict`` (a state_dict is natural either way, and loads into either layout)."""
 
@@ -205,13 +205,6 @@ class QuantExperts(KeepsFloat32Buffers):
         """``w13`` or ``w2`` (expert ``e``'s only, if given) in the natural packing (a copy where stored tile-major)."""
         t = getattr(self, name) if e is None else getattr(self, name)[e]
         return from_tile_major(t) if self.tile_major else t
-
-    def _expert_part(self, name: str, e: int, rows: slice) -> Tensor | None:
-        """Rows ``rows`` of expert ``e``'s buffer ``name`` (codes in the natural packing), or None."""
-        if name in ("w13", "w2"):
-            return self.natural_codes(name, e)[rows]
-        t = getattr(self, name)
-        return None if t is None else t[e, rows]
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -305,9 +298,14 @@ class QuantExperts(KeepsFloat32Buffers):
             raise IndexError(f"expert_layers: expert {e} of {self.num_experts}")
         h, i = self.hidden_size, self.intermediate_size
         names = _linear_names(self.scheme)
+        # expert e's buffers, its codes in the natural packing (once per weight: gate and up share w13's)
+        own = {}
+        for n in _TENSOR_NAMES:
+            t = getattr(self, n)
+            own[n] = self.natural_codes(n, e) if n in ("w13", "w2") else None if t is None else t[e]
         out = []
         for w, rows, k in (("w13", slice(0, i), h), ("w13", slice(i, 2 * i), h), ("w2", slice(0, h), i)):
-            tensors = {lin: self._expert_part(w + suffix, e, rows) for suffix, lin in names.items()}
+            tensors = {lin: None if own[w + suffix] is None else own[w + suffix][rows] for suffix, lin in names.items()}
             perm = self.w2_act_perm if w == "w2" else self.w13_act_perm
             perm = None if perm is None or torch.equal(perm[e], torch.arange(k, device=perm.device)) else perm[e]  # natural: none
             out.append(QuantLinear(k, rows.stop - rows.start, self.scheme, tensors, None, perm))

@@ -224,7 +224,8 @@ def words_mma_step(
     MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
     kc = tl.arange(0, 4) * 32  # words (c, 0..3) of a tile hold natural k = 32c .. 32c + 31: one group (GROUP >= 32)
     k0 = w0 * 8
-    if TILED:  # tile-major words (ops/moe/tile_major.py): the tile's 16 words of 64 rows are 4 KB in a row
+    if TILED:  # tile-major words (ops/moe/tile_major.py): the tile's 16 words of 64 rows are 4 KB in a row; w0 % 16 == 0, so
+        # tile_major_cols of its columns is w0 * 64 + 0..15
         words = tl.load(qw_ptr + (tile_major_rows(rn, KW, 16) + w0 * 64)[:, None] + tl.arange(0, 16)[None, :], eviction_policy="evict_first")
     else:
         words = tl.load(qw_ptr + rn[:, None] * KW + (w0 + tl.arange(0, 16))[None, :], eviction_policy="evict_first")
