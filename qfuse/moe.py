@@ -164,6 +164,15 @@ def _act_order_moved_to_rows(layers: list[tuple[QuantLinear, QuantLinear, QuantL
     return moved, perms
 
 
+def holds_tile_major(scheme: Scheme | None, hidden_size: int, intermediate_size: int) -> bool:
+    """Whether :class:`QuantExperts` stores these experts' codes tile-major: with ``QFUSE_EXPERIMENTAL_KERNELS=1``,
+    weight-only experts whose 2I, H and bytes per row of w13 and w2 are multiples of 64 (Mixtral, Qwen-MoE)."""
+    if scheme is None or not scheme.weight_only or not experimental_kernels():
+        return False
+    h, i, bits = hidden_size, intermediate_size, scheme.weight_bits
+    return tile_major_supported(2 * i, h * bits // 8) and tile_major_supported(h, i * bits // 8)
+
+
 class QuantExperts(KeepsFloat32Buffers):
     """E SiLU-gated expert MLPs with prepacked weights (buffers: ``state_dict`` round-trips), run by
     ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16).
@@ -183,7 +192,7 @@ class QuantExperts(KeepsFloat32Buffers):
         self.top_k = top_k
         self.renormalize = renormalize
         self.scheme = None if scheme is None else get_scheme(scheme)
-        self._tile_major = experimental_kernels() and self._tiles_whole()
+        self._tile_major = holds_tile_major(self.scheme, hidden_size, intermediate_size)
         for name in _TENSOR_NAMES + _ACT_PERM_NAMES:
             t = tensors.get(name)
             self.register_buffer(name, to_tile_major(t) if name in ("w13", "w2") and t is not None and self.tile_major else t)
@@ -192,14 +201,6 @@ class QuantExperts(KeepsFloat32Buffers):
     def tile_major(self) -> bool:
         """Whether the codes are stored tile-major (fixed when the module is built)."""
         return self._tile_major
-
-    def _tiles_whole(self) -> bool:
-        """Weight-only experts with 2I, H and the bytes per row of w13 and w2 multiples of 64 (Mixtral, Qwen-MoE)."""
-        s = self.scheme
-        if s is None or not s.weight_only:
-            return False
-        h, i, bits = self.hidden_size, self.intermediate_size, s.weight_bits
-        return tile_major_supported(2 * i, h * bits // 8) and tile_major_supported(h, i * bits // 8)
 
     def natural_codes(self, name: str, e: int | None = None) -> Tensor:
         """``w13`` or ``w2`` (expert ``e``'s only, if given) in the natural packing (a copy where stored tile-major)."""

@@ -40,7 +40,7 @@ bytes of the experts the routing selects at that M (``experts_touched`` distinct
 ``expert_mb``, that format's codes, scales, zero points and group scales of w13 and w2) / the
 HBM bandwidth measured in this run (``hbm_tb_s``: ``timing.hbm_bandwidth``, max of copy and
 read-only); activations are not in the floor. ``copies``: weight copies the graph cycles through;
-``config``: the op's pick for that key. Rows go to ``moe.csv`` as each finishes (a case that fails
+``tile_major``: the experts' codes tile-major (``QuantExperts``' layout); ``config``: the op's pick for that key. Rows go to ``moe.csv`` as each finishes (a case that fails
 gets a row with its ``error``, the others go on, and the exit status is 1); ``moe.png`` plots
 x bf16 per case against M, one panel per shape.
 
@@ -48,8 +48,9 @@ x bf16 per case against M, one panel per shape.
 that supports its key, opt-in families included, the same way (HBM copies, graph replays),
 each checked against the reference: one row per config in ``moe_configs.csv`` (``family``,
 ``config``, ``us``, ``x_pick``: the run's pick's us / this us, ``opt_in``: why the family is
-opt-in, "" if offered, ``max_rel_err``), and the fastest config of each key in
-``moe_picks.json`` in the format of ``ops/tuned/fused_moe.<gpu>.json``.
+opt-in, "" if offered, ``max_rel_err``, ``tile_major``: the experts' layout), and the fastest
+config of each key in ``moe_picks.json`` in the format of ``ops/tuned/fused_moe.<gpu>.json``
+(tile-major experts' keys end in ``tile_major``).
 
     qfuse bench moe --out bench_results/moe
     QFUSE_AUTOTUNE=0 qfuse bench moe --shapes mixtral-8x7b --m 1 16 4096 --cases bf16 loop W4A16
@@ -182,21 +183,23 @@ def _time_cpu(calls, steps: int = CPU_STEPS) -> float:
     return statistics.median(times)
 
 
-def table_key(gpu: str, m: int, e: int, i: int, h: int, top_k: int, fmt, dtype) -> str:
-    """The picks' key of a fused_moe call, as in ``ops/tuned/fused_moe.<gpu>.json`` and the autotune cache."""
+def table_key(gpu: str, m: int, e: int, i: int, h: int, top_k: int, fmt, dtype, tile_major: bool = False, stored: bool = False) -> str:
+    """The picks' key of a fused_moe call, as in ``ops/tuned/fused_moe.<gpu>.json`` and the autotune cache;
+    ``stored``: the key the op looks up (a tile-major call without a stored pick takes the natural layout's)."""
     from qfuse.ops._autotune import _key_str
-    from qfuse.ops.moe.dispatch import OP, config_key
+    from qfuse.ops.moe.dispatch import OP, config_key, layout_key
 
-    return _key_str(OP, (gpu, *config_key(m, e, i, h, top_k, *fmt, dtype)))
+    key = config_key(m, e, i, h, top_k, *fmt, dtype, tile_major)
+    return _key_str(OP, (gpu, *(layout_key(key, gpu) if stored else key)))
 
 
-def _picked_config(dev: torch.device, m: int, e: int, i: int, h: int, top_k: int, fmt, dtype) -> str:
+def _picked_config(dev: torch.device, m: int, e: int, i: int, h: int, top_k: int, fmt, dtype, tile_major: bool) -> str:
     """The config ``fused_moe`` runs for this key (measured, stored or untuned pick); "" on the CPU (reference kernel)."""
     if dev.type != "cuda":
         return ""
     from qfuse.ops._autotune import _memory, _untuned, device_name, experimental_kernels
 
-    entry = table_key(device_name(dev), m, e, i, h, top_k, fmt, dtype)
+    entry = table_key(device_name(dev), m, e, i, h, top_k, fmt, dtype, tile_major, stored=True)
     cfg = _memory.get(entry) or _untuned.get((entry, experimental_kernels()))
     return "" if cfg is None else str(cfg)
 
@@ -301,8 +304,9 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
                     experts_touched=touched[m],
                     expert_mb=round(per_expert / 1e6, 3),
                     copies=n,
+                    tile_major=tiled,
                     max_rel_err=err,
-                    config="" if case == "loop" else _picked_config(dev, m, e, i, h, top_k, fmt, dtype),
+                    config="" if case == "loop" else _picked_config(dev, m, e, i, h, top_k, fmt, dtype, tiled),
                     E=e,
                     top_k=top_k,
                     H=h,
@@ -313,7 +317,7 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
                 if args.every_config and case != "loop" and perm is None and on_config is not None:
                     for c in every_config(x, logits, top_k, sets[:n], fmt, refs[key], timed, us[case], args.families, tiled):
                         on_config({"shape": name, "M": m, "case": case, **c, "E": e, "top_k": top_k, "H": h, "I": i,
-                                   "bits": fmt[0], "act_bits": fmt[1], "group_size": fmt[2]})  # fmt: skip
+                                   "bits": fmt[0], "act_bits": fmt[1], "group_size": fmt[2], "tile_major": tiled})  # fmt: skip
             except Exception as exc:  # a case that fails must not cost the others
                 log(f"[moe] {name} M={m} {case}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -364,7 +368,7 @@ def fastest_configs(config_rows: list[dict], gpu: str) -> dict[str, dict]:
         if "us" not in r or r["max_rel_err"] > 0.05:
             continue
         fmt = (r["bits"], r["act_bits"], r["group_size"])
-        entry = table_key(gpu, r["M"], r["E"], r["I"], r["H"], r["top_k"], fmt, torch.bfloat16)
+        entry = table_key(gpu, r["M"], r["E"], r["I"], r["H"], r["top_k"], fmt, torch.bfloat16, bool(r.get("tile_major")))
         if entry not in best or r["us"] < best[entry][0]:
             best[entry] = (r["us"], ast.literal_eval(r["config"]))
     return {k: cfg for k, (_, cfg) in best.items()}

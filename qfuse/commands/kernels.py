@@ -85,6 +85,7 @@ def explain(
     from ..linear import check_quantizable  # what quantize_model refuses (odd K at 4 bits, K past the int8 ops' limit)
 
     check_quantizable(torch.empty(n, k, dtype=dtype, device="meta"), s, f"K={k}")
+    tiled = False
     if moe is not None:
         from ..ops.moe import dispatch as moe_dispatch
 
@@ -93,7 +94,11 @@ def explain(
             raise ValueError(f"--moe: TOP_K must be in [1, E={e}], got {top_k}")
         op, registry = moe_dispatch.OP, moe_dispatch.REGISTRY
         p = moe_dispatch.problem(m, n, k, s.weight_bits, s.group_size, dtype, s.act_bits)
-        key = moe_dispatch.config_key(m, e, n, k, top_k, s.weight_bits, s.act_bits, s.group_size, dtype)
+        from ..moe import holds_tile_major
+
+        tiled = holds_tile_major(s, k, n)  # the layout QuantExperts gives these experts
+        key = moe_dispatch.config_key(m, e, n, k, top_k, s.weight_bits, s.act_bits, s.group_size, dtype, tiled)
+        key = moe_dispatch.layout_key(key, gpu) if tiled else key
         offered = registry.offered(p)
     elif s.weight_only:
         op, registry = wna16_dispatch.OP, wna16_dispatch.REGISTRY
@@ -108,7 +113,7 @@ def explain(
         offered = registry.offered(p)
     usable = int8_dispatch.usable if registry is int8_dispatch.REGISTRY else registry.usable  # the op's check of a stored pick
     verdicts = registry.explain(p)
-    shape = f"M={m} I={n} H={k} E={moe[0]} top_k={moe[1]}" if moe else f"M={m} N={n} K={k}"
+    shape = f"M={m} I={n} H={k} E={moe[0]} top_k={moe[1]}{', tile-major codes' if tiled else ''}" if moe else f"M={m} N={n} K={k}"
     lines = [
         f"{op}  {shape}  {s.name} ({s.weight_bits}-bit weights, "
         f"{'per channel' if s.group_size == -1 else f'group {s.group_size}'}, {str(dtype).removeprefix('torch.')})  "

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 import qfuse.ops
-from qfuse.ops.moe.dispatch import OP, REGISTRY, problem
+from qfuse.ops.moe.dispatch import OP, REGISTRY, TILE_MAJOR, config_key, layout_key, problem
 
 
 def test_shipped_configs_are_offered_candidates():
@@ -15,12 +15,38 @@ def test_shipped_configs_are_offered_candidates():
     assert len(table) >= 92
     kernels = set()
     for key, cfg in table.items():
-        op, gpu, mb, e, i, h, top_k, wbits, abits, group, dtype = key.split("|")
-        assert op == OP and gpu == "NVIDIA_H200" and int(top_k) <= int(e)
+        op, gpu, mb, e, i, h, top_k, wbits, abits, group, dtype, *layout = key.split("|")
+        assert op == OP and gpu == "NVIDIA_H200" and int(top_k) <= int(e) and layout in ([], [TILE_MAJOR])
+        assert not layout or (int(abits) == 16 and int(wbits) < 16), key  # tile-major codes: weight-only experts
         p = problem(int(mb), int(i), int(h), int(wbits), int(group), getattr(torch, dtype), int(abits))
         assert cfg in REGISTRY.offered(p), key
         kernels.add(cfg["kernel"])
     assert kernels == {"grouped", "gemv", "gemv_words", "grouped_words"}
+
+
+def test_tile_major_key_falls_back_to_the_natural_layouts_stored_pick(tmp_path, monkeypatch):
+    """A tile-major call is keyed by its layout; where only the natural layout's pick of the shape is
+    stored, that one runs; where neither is, the tile-major key is measured (and stored) as it is."""
+    from qfuse.ops._autotune import _key_str
+    from qfuse.ops.moe import dispatch
+
+    cache = tmp_path / "autotune.json"
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(cache))
+    natural = config_key(8, 8, 14336, 4096, 2, 4, 16, 128, torch.bfloat16)
+    tiled = config_key(8, 8, 14336, 4096, 2, 4, 16, 128, torch.bfloat16, tile_major=True)
+    assert tiled == (*natural, TILE_MAJOR)
+    gpu = "GPU_under_test"  # no shipped table
+    pick = {"kernel": "gemv_words", "BLOCK_N": 32}
+
+    def layout(stored: dict) -> tuple:
+        cache.write_text(json.dumps({_key_str(OP, (gpu, *k)): pick for k in stored}))
+        monkeypatch.setattr(dispatch, "_layout_keys", {})
+        return layout_key(tiled, gpu), layout_key(natural, gpu)
+
+    assert layout([]) == (tiled, natural)
+    assert layout([natural]) == (natural, natural)
+    assert layout([natural, tiled]) == (tiled, natural)
+    assert layout([tiled]) == (tiled, natural)
 
 
 def test_picks_and_launches_on_the_activations_gpu(monkeypatch):
