@@ -190,9 +190,9 @@ DECODE_MAX_M = 64
 
 def nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]) -> dict | None:
     """The stored pick (user cache or shipped table, as loaded) for the shape nearest to ``key``'s
-    ``(N, K)`` with the same M bucket and the same remaining fields, among ``candidates`` only;
-    None if there is none. Distance: ``|log2 N'/N| + 2 |log2 K'/K|`` (K sets the split-K and
-    the tile loop, so it weighs double).
+    ``(N, K)`` with the same M bucket and the same remaining fields (a tile-major fused_moe key:
+    or the natural layout's, 0.5 farther), among ``candidates`` only; None if there is none.
+    Distance: ``|log2 N'/N| + 2 |log2 K'/K|`` (K sets the split-K and the tile loop, so it weighs double).
 
     At M <= ``DECODE_MAX_M``, a pick with ``BLOCK_N`` and ``SPLIT_K`` is taken with the offered ``SPLIT_K`` that keeps its
     program count (``ceil(N / BLOCK_N) * SPLIT_K``) nearest to what it had on its own shape: the
@@ -209,13 +209,16 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
         return None
     prefix = f"{op}|{gpu}|{key[0]}|"
     rest = [str(v) for v in key[3:]]
+    # a tile-major fused_moe key (ops/moe/dispatch.py) may take a natural-layout pick, which runs on
+    # those codes too, at a distance of 0.5 more: the same layout's pick wins for the same shape
+    other_layout = rest[:-1] if rest and rest[-1] == "tile_major" else None
     best, best_d = None, math.inf
     for entry, cfg in list(_memory.items()):
         if not entry.startswith(prefix):
             continue
         try:
             n, k, *others = entry[len(prefix) :].split("|")
-            if others != rest:
+            if others != rest and others != other_layout:
                 continue
             n, k = int(n), int(k)
             # fused_moe's keys hold (E, I) there, not (N, K), and past M = 64 the M tiles fill the GPU
@@ -224,7 +227,7 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
             pick = _same_programs(cfg, n, key[1], candidates) if adapt else (cfg if cfg in candidates else None)
             if pick is None:
                 continue
-            d = abs(math.log2(n / key[1])) + 2 * abs(math.log2(k / key[2]))
+            d = abs(math.log2(n / key[1])) + 2 * abs(math.log2(k / key[2])) + (0.5 if others != rest else 0.0)
         except (ValueError, TypeError, ArithmeticError):  # a hand-edited or foreign entry (short key, N = 0, SPLIT_K = 0, ...)
             _log.warning("the stored entry %s: %s cannot be read; ignored", entry, cfg)
             continue

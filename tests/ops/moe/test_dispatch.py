@@ -49,6 +49,27 @@ def test_tile_major_key_falls_back_to_the_natural_layouts_stored_pick(tmp_path, 
     assert layout([tiled]) == (tiled, natural)
 
 
+def test_nearest_stored_pick_of_a_tile_major_key(monkeypatch):
+    """Without measuring (QFUSE_AUTOTUNE=0, CUDA-graph capture), a tile-major key of an unstored shape
+    takes the nearest stored shape's pick, of its own layout where that is as near, else the natural one's."""
+    from qfuse.ops import _autotune
+    from qfuse.ops._autotune import _key_str, nearest_stored
+
+    a, b, c = ({"kernel": "grouped", "BLOCK_M": bm} for bm in (16, 32, 64))
+    gpu = "GPU_under_test"
+    entry = lambda i, tiled: _key_str(OP, (gpu, *config_key(16, 8, i, 4096, 2, 4, 16, 128, torch.bfloat16, tiled)))  # noqa: E731
+    query = config_key(16, 8, 4096, 4096, 2, 4, 16, 128, torch.bfloat16, tile_major=True)
+    monkeypatch.setattr(_autotune, "_memory", {entry(14336, False): a})
+    assert nearest_stored(OP, gpu, query, [a, b, c]) == a
+    monkeypatch.setattr(_autotune, "_memory", {entry(14336, False): a, entry(14336, True): b})
+    assert nearest_stored(OP, gpu, query, [a, b, c]) == b
+    monkeypatch.setattr(_autotune, "_memory", {entry(4096 * 2, False): a, entry(14336, True): b})  # 1 vs 1.81 + 0.5 away
+    assert nearest_stored(OP, gpu, query, [a, b, c]) == a
+    assert nearest_stored(OP, gpu, query[:-1], [a, b, c]) == a  # a natural key never takes a tile-major pick
+    monkeypatch.setattr(_autotune, "_memory", {entry(14336, True): b})
+    assert nearest_stored(OP, gpu, query[:-1], [a, b, c]) is None
+
+
 def test_picks_and_launches_on_the_activations_gpu(monkeypatch):
     """Triton launches on the current device, and the word GEMV family launches without a guard of
     its own: x on cuda:1 while cuda:0 is current must run, and measure its configs, on cuda:1."""
