@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from . import ops  # noqa: F401  (registers torch.ops.qfuse.*)
 from .eager_graphs import graphs_of, own_tensors, replayable
 from .linear import KeepsFloat32Buffers, QuantLinear
-from .ops._autotune import experimental_kernels
 from .ops.moe.fused_moe import GROUP_SIZES
 from .ops.moe.tile_major import from_tile_major, tile_major_supported, to_tile_major
 from .ops.w4a8_gemm import dequantize_w4a8
@@ -164,27 +163,35 @@ def _act_order_moved_to_rows(layers: list[tuple[QuantLinear, QuantLinear, QuantL
     return moved, perms
 
 
-def holds_tile_major(scheme: Scheme | None, hidden_size: int, intermediate_size: int) -> bool:
-    """Whether :class:`QuantExperts` stores these experts' codes tile-major: with ``QFUSE_EXPERIMENTAL_KERNELS=1``,
-    weight-only experts whose 2I, H and bytes per row of w13 and w2 are multiples of 64 (Mixtral, Qwen-MoE)."""
-    if scheme is None or not scheme.weight_only or not experimental_kernels():
+def tile_major_allowed(scheme: Scheme | None, hidden_size: int, intermediate_size: int) -> bool:
+    """Whether these experts' codes may be stored tile-major: weight-only experts whose 2I, H and bytes per row
+    of w13 and w2 are multiples of 64 (``fused_moe``'s ``tile_major``)."""
+    if scheme is None or not scheme.weight_only:
         return False
     h, i, bits = hidden_size, intermediate_size, scheme.weight_bits
     return tile_major_supported(2 * i, h * bits // 8) and tile_major_supported(h, i * bits // 8)
+
+
+def holds_tile_major(scheme: Scheme | None, hidden_size: int, intermediate_size: int) -> bool:
+    """Whether :class:`QuantExperts` stores these experts' codes tile-major by default: W4A16 experts whose 2I, H
+    and bytes per row of w13 and w2 are multiples of 64 (Mixtral, Qwen-MoE). W8A16 experts read either layout
+    (``tile_major=True``) but keep the natural one: Mixtral W8A16 on an H100 took 0-3 % longer tile-major at M = 1-16
+    (140.7 / 462.8 / 514.2 us against 140.3 / 448.3 / 498.2 at M = 1 / 8 / 16, one run)."""
+    return scheme is not None and scheme.weight_bits == 4 and tile_major_allowed(scheme, hidden_size, intermediate_size)
 
 
 class QuantExperts(KeepsFloat32Buffers):
     """E SiLU-gated expert MLPs with prepacked weights (buffers: ``state_dict`` round-trips), run by
     ``qfuse::fused_moe``. ``scheme=None`` keeps the experts in float (bf16/fp16).
 
-    With ``QFUSE_EXPERIMENTAL_KERNELS=1`` when built, weight-only experts (W8A16, W4A16) whose
-    matrices are whole 64-row x 64-byte tiles hold their codes tile-major (:attr:`tile_major`,
-    ops/moe/tile_major.py; timed on an H100 only, not yet through the GPU grid): given in the natural packing,
-    stored reordered, and given back natural by :meth:`expert_layers`, :meth:`dequantized_weights`
-    and ``state_dict`` (a state_dict is natural either way, and loads into either layout)."""
+    W4A16 experts whose matrices are whole 64-row x 64-byte tiles hold their codes tile-major
+    (:attr:`tile_major`, ops/moe/tile_major.py; ``tile_major=False``: the natural packing; W8A16
+    experts with ``tile_major=True``): given in the natural packing, stored reordered, and given back natural by
+    :meth:`expert_layers`, :meth:`dequantized_weights` and ``state_dict`` (a state_dict is natural
+    either way, and loads into either layout)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, renormalize: bool,
-                 scheme: Scheme | str | None, tensors: dict[str, Tensor | None]):  # fmt: skip
+                 scheme: Scheme | str | None, tensors: dict[str, Tensor | None], tile_major: bool | None = None):  # fmt: skip
         super().__init__()
         self.num_experts = num_experts
         self.hidden_size = hidden_size
@@ -192,7 +199,13 @@ class QuantExperts(KeepsFloat32Buffers):
         self.top_k = top_k
         self.renormalize = renormalize
         self.scheme = None if scheme is None else get_scheme(scheme)
-        self._tile_major = holds_tile_major(self.scheme, hidden_size, intermediate_size)
+        default = holds_tile_major(self.scheme, hidden_size, intermediate_size)
+        if tile_major and not tile_major_allowed(self.scheme, hidden_size, intermediate_size):
+            raise ValueError(
+                f"QuantExperts: tile-major codes need weight-only experts with 2I, H and each row's bytes multiples of 64; "
+                f"got {'float' if self.scheme is None else self.scheme.name} experts, H={hidden_size}, I={intermediate_size}"
+            )
+        self._tile_major = default if tile_major is None else tile_major
         for name in _TENSOR_NAMES + _ACT_PERM_NAMES:
             t = tensors.get(name)
             self.register_buffer(name, to_tile_major(t) if name in ("w13", "w2") and t is not None and self.tile_major else t)
@@ -222,9 +235,17 @@ class QuantExperts(KeepsFloat32Buffers):
 
     @classmethod
     def from_weights(
-        cls, gate_up_proj: Tensor, down_proj: Tensor, top_k: int, renormalize: bool, scheme: Scheme | str | None, name: str = "experts"
+        cls,
+        gate_up_proj: Tensor,
+        down_proj: Tensor,
+        top_k: int,
+        renormalize: bool,
+        scheme: Scheme | str | None,
+        name: str = "experts",
+        tile_major: bool | None = None,
     ) -> "QuantExperts":
-        """Quantize ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (fp16/bf16) with ``scheme`` (None: keep float)."""
+        """Quantize ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (fp16/bf16) with ``scheme`` (None: keep float);
+        ``tile_major``: the codes' layout (None: tile-major where :func:`holds_tile_major`)."""
         scheme = None if scheme is None else get_scheme(scheme)
         gate_up, down = gate_up_proj.detach(), down_proj.detach()
         check_moe_quantizable(gate_up, down, scheme, name)
@@ -234,7 +255,7 @@ class QuantExperts(KeepsFloat32Buffers):
         else:
             tensors = {f"w13_{k}" if k != "w" else "w13": v for k, v in _quantize_stack(gate_up, scheme).items()}
             tensors.update({f"w2_{k}" if k != "w" else "w2": v for k, v in _quantize_stack(down, scheme).items()})
-        return cls(e, h, two_i // 2, top_k, renormalize, scheme, tensors)
+        return cls(e, h, two_i // 2, top_k, renormalize, scheme, tensors, tile_major)
 
     @property
     def format(self) -> tuple[int, int, int]:
@@ -317,7 +338,13 @@ class QuantExperts(KeepsFloat32Buffers):
 
     @classmethod
     def from_expert_layers(
-        cls, layers: list[tuple[QuantLinear, QuantLinear, QuantLinear]], top_k: int, renormalize: bool, scheme: Scheme | str, name: str = "experts"
+        cls,
+        layers: list[tuple[QuantLinear, QuantLinear, QuantLinear]],
+        top_k: int,
+        renormalize: bool,
+        scheme: Scheme | str,
+        name: str = "experts",
+        tile_major: bool | None = None,
     ) -> "QuantExperts":
         """The inverse of :meth:`expert_layers`: each expert's ``(gate, up, down)`` QuantLinears of ``scheme``,
         stacked into the fused buffers. With an asymmetric weight-only scheme, a layer without zero points
@@ -330,7 +357,7 @@ class QuantExperts(KeepsFloat32Buffers):
         nothing at run time: gate's and up's rows are stored in that order (``rows'[j] = rows[p[j]]``), so
         ``h`` comes out as ``h[p]``, which is what down's stored columns multiply; ``w2_act_perm[e] = p`` is
         kept for :meth:`expert_layers` and :meth:`dequantized_weights`. Experts without act-order in a block
-        that has some get the identity."""
+        that has some get the identity. ``tile_major``: as in :meth:`from_weights`."""
         scheme = get_scheme(scheme)
         if not layers:
             raise ValueError(f"{name}: no experts")
@@ -373,7 +400,7 @@ class QuantExperts(KeepsFloat32Buffers):
                 tensors[key] = None
                 continue
             tensors[key] = torch.stack([torch.cat(ts) if len(ts) > 1 else ts[0] for ts in per_expert]).contiguous()
-        return cls(len(layers), h, i, top_k, renormalize, scheme, {**tensors, **perms})
+        return cls(len(layers), h, i, top_k, renormalize, scheme, {**tensors, **perms}, tile_major)
 
     def weight_bytes(self) -> int:
         """Bytes of every expert buffer (codes, scales, zero points)."""
@@ -383,7 +410,7 @@ class QuantExperts(KeepsFloat32Buffers):
         name = "float" if self.scheme is None else self.scheme.name
         return (
             f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-            f"top_k={self.top_k}, renormalize={self.renormalize}, scheme={name}"
+            f"top_k={self.top_k}, renormalize={self.renormalize}, scheme={name}{', tile_major=True' if self.tile_major else ''}"
         )
 
 

@@ -40,7 +40,7 @@ bytes of the experts the routing selects at that M (``experts_touched`` distinct
 ``expert_mb``, that format's codes, scales, zero points and group scales of w13 and w2) / the
 HBM bandwidth measured in this run (``hbm_tb_s``: ``timing.hbm_bandwidth``, max of copy and
 read-only); activations are not in the floor. ``copies``: weight copies the graph cycles through;
-``tile_major``: the experts' codes tile-major (``QuantExperts``' layout); ``config``: the op's pick for that key. Rows go to ``moe.csv`` as each finishes (a case that fails
+``tile_major``: the experts' codes tile-major (``QuantExperts``' layout; ``--natural-codes``: never); ``config``: the op's pick for that key. Rows go to ``moe.csv`` as each finishes (a case that fails
 gets a row with its ``error``, the others go on, and the exit status is 1); ``moe.png`` plots
 x bf16 per case against M, one panel per shape.
 
@@ -98,6 +98,7 @@ def _args(argv):
     p.add_argument("--replays", type=int, default=20, help="CUDA-graph replays timed (the median is reported)")
     p.add_argument("--every-config", action="store_true", help="also time every config of every family (moe_configs.csv, moe_picks.json)")
     p.add_argument("--families", nargs="+", default=None, help="--every-config: only these kernel families' configs (default: all)")
+    p.add_argument("--natural-codes", action="store_true", help="weight-only experts in the natural packing, not QuantExperts' tile-major codes")
     p.add_argument("--out", type=Path, default=Path("bench_results/moe"), help="folder for moe.csv and moe.png")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests' tiny shapes, reference kernel, wall-clock timing
     args = p.parse_args(argv)
@@ -118,13 +119,13 @@ def _scheme(case: str) -> str | None:
     return None if case in ("bf16", "loop") else case.removesuffix("_ACTORDER")
 
 
-def expert_tensors(w13: torch.Tensor, w2: torch.Tensor, top_k: int, case: str) -> tuple[tuple, tuple[int, int, int], bool]:
+def expert_tensors(w13: torch.Tensor, w2: torch.Tensor, top_k: int, case: str, natural: bool = False) -> tuple[tuple, tuple[int, int, int], bool]:
     """``fused_moe``'s eight weight arguments (TENSORS order), ``(weight_bits, act_bits, group_size)`` and
     ``tile_major`` for float ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` quantized as ``case``, as ``QuantExperts``
-    holds them (weight-only codes tile-major with ``QFUSE_EXPERIMENTAL_KERNELS=1`` where the shapes allow)."""
+    holds them (weight-only codes tile-major where the shapes allow; ``natural``: never)."""
     from qfuse.moe import QuantExperts
 
-    experts = QuantExperts.from_weights(w13, w2, top_k, True, _scheme(case), name=case)
+    experts = QuantExperts.from_weights(w13, w2, top_k, True, _scheme(case), name=case, tile_major=False if natural else None)
     return tuple(getattr(experts, n) for n in TENSORS), experts.format, experts.tile_major
 
 
@@ -257,7 +258,7 @@ def bench_shape(name: str, args, bw: float, log, on_row, on_config=None) -> None
     weights = {}  # case -> ([copies of the eight tensors], format, bytes of one expert)
     for case in dict.fromkeys("bf16" if c == "loop" else c for c in args.cases):
         t0 = time.perf_counter()
-        tensors, fmt, tiled = expert_tensors(w13f, w2f, top_k, case)
+        tensors, fmt, tiled = expert_tensors(w13f, w2f, top_k, case, args.natural_codes)
         per_expert = nbytes(tensors) // e
         copies = max(copies_for(touched[m] * per_expert) for m in args.m) if cuda else 1
         weights[case] = ([tensors] + [clone(tensors) for _ in range(copies - 1)], fmt, per_expert, tiled)

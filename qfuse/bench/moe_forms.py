@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     w13 = torch.randn(e, 2 * i, h, device="cuda", generator=gen).mul_(h**-0.5).to(torch.bfloat16)
     w2 = torch.randn(e, h, i, device="cuda", generator=gen).mul_(i**-0.5).to(torch.bfloat16)
     tensors, fmt, tiled = expert_tensors(w13, w2, top_k, "W4A16")
-    if tiled:  # QFUSE_EXPERIMENTAL_KERNELS=1: the experts came tile-major
+    if tiled:  # QuantExperts' layout of these experts: the natural codes first
         tensors = _with_codes(tensors, from_tile_major)
     bits, group = fmt[0], fmt[2]
     del w13, w2

@@ -102,24 +102,25 @@ def test_state_dict_round_trips():
 
 
 @pytest.mark.parametrize("scheme", ["W4A16", "W8A16", "W4A8_G128"])
-def test_weight_only_codes_tile_major_when_experimental(scheme, monkeypatch):
-    """With QFUSE_EXPERIMENTAL_KERNELS=1 weight-only experts hold their codes tile-major and give them
-    back natural (expert_layers, dequantized_weights, state_dict); the op reads them so and gives the
-    natural layout's bits; int8-activation experts keep the natural packing."""
+def test_weight_only_codes_tile_major(scheme):
+    """W4A16 experts hold their codes tile-major by default (W8A16 ones when asked) and give them back
+    natural (expert_layers, dequantized_weights, state_dict); the op reads them so and gives the natural
+    layout's bits; int8-activation experts keep the natural packing."""
     from qfuse.ops.moe.tile_major import to_tile_major
 
     w13, w2 = (torch.randn(4, 512, 256) / 16).bfloat16(), (torch.randn(4, 256, 256) / 16).bfloat16()  # H = I = 256: 2+ tiles per row
-    natural = QuantExperts.from_weights(w13, w2, 2, True, scheme)
-    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1")
-    experts = QuantExperts.from_weights(w13, w2, 2, True, scheme)
+    natural = QuantExperts.from_weights(w13, w2, 2, True, scheme, tile_major=False)
+    assert QuantExperts.from_weights(w13, w2, 2, True, scheme).tile_major == (scheme == "W4A16")
+    experts = QuantExperts.from_weights(w13, w2, 2, True, scheme, tile_major=None if scheme == "W4A8_G128" else True)
     assert not natural.tile_major and experts.tile_major == (scheme != "W4A8_G128")
     assert torch.equal(experts.natural_codes("w13"), natural.w13) and torch.equal(experts.natural_codes("w2"), natural.w2)
     if experts.tile_major:
         assert torch.equal(experts.w13, to_tile_major(natural.w13)) and not torch.equal(experts.w13, natural.w13)
+        assert "tile_major=True" in repr(experts)
     for e in range(4):
         for a, b in zip(experts.expert_layers(e), natural.expert_layers(e)):
             assert torch.equal(a.qweight, b.qweight)
-    rebuilt = QuantExperts.from_expert_layers([natural.expert_layers(e) for e in range(4)], 2, True, scheme)
+    rebuilt = QuantExperts.from_expert_layers([natural.expert_layers(e) for e in range(4)], 2, True, scheme, tile_major=experts.tile_major)
     assert torch.equal(rebuilt.w13, experts.w13) and torch.equal(rebuilt.w2, experts.w2)
     x, logits = torch.randn(5, 256).bfloat16(), torch.randn(5, 4)
     assert torch.equal(experts(x, logits), natural(x, logits))
@@ -129,13 +130,21 @@ def test_weight_only_codes_tile_major_when_experimental(scheme, monkeypatch):
         assert torch.equal(a, b)
     saved = experts.state_dict()
     assert saved.keys() == natural.state_dict().keys() and all(torch.equal(saved[k], v) for k, v in natural.state_dict().items() if v is not None)
-    fresh = QuantExperts.from_weights(torch.zeros_like(w13), torch.zeros_like(w2), 2, True, scheme)
+    fresh = QuantExperts.from_weights(torch.zeros_like(w13), torch.zeros_like(w2), 2, True, scheme, tile_major=experts.tile_major)
     fresh.load_state_dict(natural.state_dict())  # a natural state_dict into a tile-major module
     assert torch.equal(fresh.w13, experts.w13) and torch.equal(fresh.w2, experts.w2)
-    monkeypatch.delenv("QFUSE_EXPERIMENTAL_KERNELS")
-    plain = QuantExperts.from_weights(torch.zeros_like(w13), torch.zeros_like(w2), 2, True, scheme)
+    plain = QuantExperts.from_weights(torch.zeros_like(w13), torch.zeros_like(w2), 2, True, scheme, tile_major=False)
     plain.load_state_dict(saved)  # and a tile-major module's into a natural one
     assert torch.equal(plain.w13, natural.w13)
+
+
+def test_tile_major_refused_where_the_tiles_are_not_whole():
+    w13, w2 = torch.randn(2, 192, 96).bfloat16(), torch.randn(2, 96, 96).bfloat16()  # 48 bytes per row at 4 bits
+    assert not QuantExperts.from_weights(w13, w2, 1, True, "W4A16_G32").tile_major
+    with pytest.raises(ValueError, match="tile-major codes need weight-only experts with 2I, H and each row's bytes multiples of 64"):
+        QuantExperts.from_weights(w13, w2, 1, True, "W4A16_G32", tile_major=True)
+    with pytest.raises(ValueError, match="got W8A8 experts"):
+        QuantExperts.from_weights(torch.randn(2, 512, 256).bfloat16(), torch.randn(2, 256, 256).bfloat16(), 1, True, "W8A8", tile_major=True)
 
 
 @pytest.mark.parametrize("scheme", ["W8A8", "W4A8_G128"])

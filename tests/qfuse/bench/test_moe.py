@@ -40,6 +40,30 @@ def test_rows_and_columns(run):
     assert all(float(r["max_rel_err"]) == 0.0 for r in rows if r["case"] != "loop")
     assert all(0 < float(r["max_rel_err"]) < 0.05 for r in rows if r["case"] == "loop")
     assert (out / "moe.png").stat().st_size > 0
+    assert {r["case"] for r in rows if r["tile_major"] == "True"} == {"W4A16", "W4A16_ACTORDER"}  # QuantExperts' layout
+
+
+def test_natural_codes(tmp_path):
+    argv = [
+        "--device",
+        "cpu",
+        "--shapes",
+        "tiny",
+        "--m",
+        "1",
+        "--cases",
+        "W4A16",
+        "W8A16",
+        "--replays",
+        "1",
+        "--natural-codes",
+        "--out",
+        str(tmp_path),
+    ]
+    assert bench_moe.main(argv) == 0
+    with (tmp_path / "moe.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["case"], r["tile_major"]) for r in rows] == [("W8A16", "False"), ("W4A16", "False")]  # W4A16: tile-major by default
 
 
 def test_floor_counts_the_touched_experts_bytes(run):
@@ -106,9 +130,11 @@ def test_every_config_rows_and_picks(tmp_path, monkeypatch):
     assert [r["family"] for r in rows] == ["grouped", "gemv", "gemv_words", "grouped_words"]
     assert all(float(r["us"]) > 0 and float(r["max_rel_err"]) < 0.02 and not r.get("error") for r in rows)
     assert [r["opt_in"] for r in rows] == ["", "", "", ""]
+    assert {r["tile_major"] for r in rows} == {"True"}  # QuantExperts' layout of the tiny shape's W4A16 experts
     h, i, e, top_k = bench_moe.SHAPES["tiny"]
     fastest = ast.literal_eval(min(rows, key=lambda r: float(r["us"]))["config"])
-    assert json.loads((tmp_path / "moe_picks.json").read_text()) == {f"fused_moe|cpu|1|{e}|{i}|{h}|{top_k}|4|16|{min(128, h)}|bfloat16": fastest}
+    picks = json.loads((tmp_path / "moe_picks.json").read_text())
+    assert picks == {f"fused_moe|cpu|1|{e}|{i}|{h}|{top_k}|4|16|{min(128, h)}|bfloat16|tile_major": fastest}
 
 
 def test_every_config_of_some_families(tmp_path, monkeypatch, capsys):
