@@ -19,6 +19,9 @@ Three families, in registry order (the untuned pick is the first offered config)
 
 Of the 21 shipped weight-only keys at M 1-64 on the H200, ``gemv_words`` holds 9, ``grouped_words``
 6, ``grouped`` 5 and ``gemv`` 1 (``qfuse bench moe --every-config``; BENCHMARKS.md, "Fused MoE").
+Two tile-major keys (Mixtral W4A16, M = 2 and 8) hold the picks of an H100 run on tile-major codes
+(``grouped_words`` split 4 at M = 8: 276.4 against ``gemv_words``' 349.5 us there), not yet timed on
+an H200; the other tile-major keys take the natural layout's pick.
 Routing runs in one Triton launch here (ops/moe/routing.py).
 
 :func:`pick_config` (ops/_autotune.py) keys the picks by ``(M bucket, E, I, H, top_k,

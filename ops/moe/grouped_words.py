@@ -23,7 +23,7 @@ has the math and tolerances).
 Needs 4-bit weights, H and I multiples of 128, and a group of 128's multiple or per channel
 (``SCALE_W``: any multiple of 32).
 
-The codes may be tile-major (``tile_major``, ops/moe/tile_major.py): a program's step over its 128
+The codes may be tile-major (``tile_major``, ops/moe/tile_major.py; ``QuantExperts``' W4A16 layout): a program's step over its 128
 rows then reads two 4 KB runs per weight instead of 64 bytes from each of 128 rows 2 KB (fc1) or
 7 KB (fc2) apart. On an H100 (Mixtral, bench moe's seed-0 routing, the shipped 128-row / 8-warp /
 4-stage tile; CUDA-graph medians) the whole call went 389.9 -> 304.9 us at M = 16 (fc1 252.0 ->
@@ -184,6 +184,8 @@ def configs(p: Problem, exhaustive: bool) -> list[dict]:
     256-row tile was 0-30 % slower than its 128-row one at M = 1 and 16, so it stays last."""
     bms = (16,) if m_bucket(p.m) <= 16 else (16, 32)
     forms = [sw for sw in (False, True) if mma_words_supported(p.k, p.group_size, sw) and mma_words_supported(p.n, p.group_size, sw)]
+    # a fifth stage on the 128-row / 8-warp tile was slower on an H100 (Mixtral, tile-major codes):
+    # 301.8-303.3 against 276.4-280.3 us at M = 8, 338.1-338.6 against 311.1-314.3 at M = 16 (split 1 and 4)
     tiles = [(128, 8, 4), (128, 4, 4), (64, 4, 4), (256, 8, 3)]
     out = [
         {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sp, "SCALE_W": sw, "num_warps": w, "num_stages": st}
