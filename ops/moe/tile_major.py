@@ -18,9 +18,12 @@ CUDA-graph medians; docs/bench/current/h100/moe_tile_major.log): ``grouped_words
 us at M = 16 and 340.2 -> 280.2 us at M = 8 (its 128-row tile), while the word GEMV
 (``gemv_words``), whose tiles read 512 contiguous bytes per row in the natural layout, went 73.4 ->
 75.6 us at M = 1 and 334.3 -> 355.2 us at M = 8. A plain read of the bytes: 2.94 TB/s natural
-(64 bytes of each of 128 rows per step), 3.05 TB/s tile-major. ``QuantExperts`` stores this layout
-only with ``QFUSE_EXPERIMENTAL_KERNELS=1`` until the GPU grid has passed on it and the M = 1-8 picks
-are chosen for it.
+(64 bytes of each of 128 rows per step), 3.05 TB/s tile-major. The whole op, each at its pick
+(docs/bench/current/h100/moe_tile_major.csv against moe_natural_codes.csv): Mixtral 295.2 against
+390.5 us at M = 16, 404.8 / 434.0 at M = 64, 189.8 / 180.6 at M = 4, within 1 % at M = 1, 256-4096;
+the E64 top-8 shape 118.4 / 145.3 at M = 16, 71.2 / 68.6 at M = 4. ``QuantExperts`` stores W4A16
+experts this way (qfuse/moe.py ``holds_tile_major``); W8A16 ones took 0-3 % longer tile-major and
+stay natural unless asked.
 """
 
 from __future__ import annotations
