@@ -58,3 +58,10 @@ def from_tile_major(codes: Tensor) -> Tensor:
     r, cols, unit = _check(codes, "from_tile_major")
     lead = codes.shape[:-2]
     return codes.reshape(*lead, r // ROWS, cols // unit, ROWS, unit).transpose(-3, -2).contiguous().reshape(codes.shape)
+
+
+def with_codes(weights: tuple, layout) -> tuple:
+    """``fused_moe``'s eight expert weight arguments (``w13``, its scale, zeros and group scale, then
+    ``w2``'s) with ``w13``'s and ``w2``'s codes passed through ``layout`` (:func:`to_tile_major` or
+    :func:`from_tile_major`)."""
+    return (layout(weights[0]), *weights[1:4], layout(weights[4]), *weights[5:])

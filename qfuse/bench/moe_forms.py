@@ -38,11 +38,6 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def _with_codes(tensors: tuple, layout) -> tuple:
-    """fused_moe's eight weight arguments with w13's and w2's codes passed through ``layout``."""
-    return (layout(tensors[0]), *tensors[1:4], layout(tensors[4]), *tensors[5:])
-
-
 def _time_config(gw, cfg, layout, copies, x, weights, experts, fmt, ref, floor, row_div, topw, pairs, e) -> dict:
     """One row: ``cfg``'s whole call and fc1 / fc2 alone on ``copies`` of the experts in ``layout``."""
     from qfuse.ops.moe.align import align_block_size
@@ -75,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from qfuse.ops.moe.align import fc1_row_div
     from qfuse.ops.moe.fused_moe import fused_moe_ref
     from qfuse.ops.moe.routing import topk_routing
-    from qfuse.ops.moe.tile_major import from_tile_major, to_tile_major
+    from qfuse.ops.moe.tile_major import from_tile_major, to_tile_major, with_codes
 
     from .moe import clone, expert_tensors
     from .timing import copies_for, write_csv
@@ -86,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     w2 = torch.randn(e, h, i, device="cuda", generator=gen).mul_(i**-0.5).to(torch.bfloat16)
     tensors, fmt, tiled = expert_tensors(w13, w2, top_k, "W4A16")
     if tiled:  # QuantExperts' layout of these experts: the natural codes first
-        tensors = _with_codes(tensors, from_tile_major)
+        tensors = with_codes(tensors, from_tile_major)
     bits, group = fmt[0], fmt[2]
     del w13, w2
     torch.cuda.empty_cache()
     per_expert = sum(t.numel() * t.element_size() for t in tensors if t is not None) // e
     sets = {"natural": [tensors] + [clone(tensors) for _ in range(copies_for(e * per_expert) - 1)]}
     if args.tile_major:
-        sets["tile_major"] = [_with_codes(t, to_tile_major) for t in sets["natural"]]
+        sets["tile_major"] = [with_codes(t, to_tile_major) for t in sets["natural"]]
     gpu = torch.cuda.get_device_name()
     print(
         f"{gpu}, torch {torch.__version__}: {args.shape} W4A16 g128, {per_expert / 1e6:.1f} MB per expert, {len(sets['natural'])} copies", flush=True

@@ -11,7 +11,7 @@ import torch
 from qfuse.ops.moe import gemv, gemv_words, grouped_words
 from qfuse.ops.moe.dispatch import run_fused_moe
 from qfuse.ops.moe.routing import topk_routing
-from qfuse.ops.moe.tile_major import from_tile_major, to_tile_major
+from qfuse.ops.moe.tile_major import from_tile_major, to_tile_major, with_codes
 from tests.ops.moe.test_grouped_gemm import _gpu_moe
 
 # (family's run, config) at the interpreter's small tiles
@@ -22,11 +22,6 @@ RUNS = {
     "gemv_words_hfma2": (gemv_words.run_moe_gemv_words, {"BLOCK_N": 32, "BLOCK_W": 32, "SPLIT_K": 1, "HFMA2": 2, "FUSED_ACT": True}),
     "grouped_words": (grouped_words.run_moe_grouped_words, {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 2, "num_warps": 4}),
 }
-
-
-def tiled_args(args):
-    """The op's weight arguments with w13 and w2 tile-major."""
-    return (to_tile_major(args[0]), *args[1:4], to_tile_major(args[4]), *args[5:])
 
 
 def test_round_trip_and_layout():
@@ -40,6 +35,9 @@ def test_round_trip_and_layout():
         assert flat[(r // 64) * 64 * 192 + (b // 64) * 4096 + (r % 64) * 64 + b % 64] == codes[1, r, b]
     words = codes.view(torch.int32)  # the same bytes as int32 words: the same reordering
     assert torch.equal(to_tile_major(words).view(torch.uint8), tiled)
+    weights = with_codes((codes, "s13", None, None, codes + 1, "s2", None, None), to_tile_major)  # the op's weight arguments
+    assert torch.equal(weights[0], tiled) and torch.equal(weights[4], to_tile_major(codes + 1))
+    assert weights[1:4] == ("s13", None, None) and weights[5:] == ("s2", None, None)
 
 
 @pytest.mark.parametrize("shape", [(100, 64), (128, 96)])
@@ -62,14 +60,14 @@ def test_every_family_reads_tile_major_bit_equal(family, fmt):
     x, logits, args = _gpu_moe(fmt, m, h, i, e, torch.bfloat16, device="cpu")
     weights, experts = topk_routing(logits, top_k, True)
     natural = run(cfg, x, weights, experts, *args)
-    assert torch.equal(run(cfg, x, weights, experts, *tiled_args(args), True), natural)
-    assert not torch.equal(run(cfg, x, weights, experts, *tiled_args(args)), natural)  # the layouts differ
+    assert torch.equal(run(cfg, x, weights, experts, *with_codes(args, to_tile_major), True), natural)
+    assert not torch.equal(run(cfg, x, weights, experts, *with_codes(args, to_tile_major)), natural)  # the layouts differ
 
 
 def test_op_reference_and_checks():
     x, logits, args = _gpu_moe("W4A16_G128", 5, 256, 128, 4, torch.bfloat16, device="cpu")
     natural = torch.ops.qfuse.fused_moe(x, logits, 2, True, *args)
-    assert torch.equal(torch.ops.qfuse.fused_moe(x, logits, 2, True, *tiled_args(args), None, True), natural)
+    assert torch.equal(torch.ops.qfuse.fused_moe(x, logits, 2, True, *with_codes(args, to_tile_major), None, True), natural)
     x8, logits8, args8 = _gpu_moe("W8A8", 5, 256, 128, 4, torch.bfloat16, device="cpu")
     with pytest.raises(ValueError, match="weight-only"):
         torch.ops.qfuse.fused_moe(x8, logits8, 2, True, *args8, None, True)
@@ -94,7 +92,7 @@ def test_gpu_tile_major_matches_reference(fmt, m):
     h, i, e, top_k = 1024, 512, 8, 2
     x, logits, args = _gpu_moe(fmt, m, h, i, e, torch.bfloat16)
     ref = fused_moe_ref(x, logits, top_k, True, *args)
-    assert_close_to_ref(torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tiled_args(args), None, True), ref, False)
+    assert_close_to_ref(torch.ops.qfuse.fused_moe(x, logits, top_k, True, *with_codes(args, to_tile_major), None, True), ref, False)
     weights, experts = topk_routing(logits, top_k, True)
     for cfg in REGISTRY.offered(Problem(m, i, h, args[-3], args[-1], x.dtype, act_bits=16)):
-        assert_close_to_ref(REGISTRY.run(cfg, x, weights, experts, *tiled_args(args), True), ref, False)
+        assert_close_to_ref(REGISTRY.run(cfg, x, weights, experts, *with_codes(args, to_tile_major), True), ref, False)
