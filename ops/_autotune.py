@@ -188,6 +188,9 @@ def merge_into_json(path: Path, entry_key: str, config: dict) -> None:
 DECODE_MAX_M = 64
 
 
+TILE_MAJOR = "tile_major"  # the last field of a fused_moe key for tile-major codes (ops/moe/dispatch.py)
+
+
 def nearest_stored(op: str, gpu: str, key: tuple, candidates: list[dict]) -> dict | None:
     """The stored pick (user cache or shipped table, as loaded) for the shape nearest to ``key``'s
     ``(N, K)`` with the same M bucket and the same remaining fields (a tile-major fused_moe key:
@@ -211,7 +214,7 @@ def nearest_stored_entry(op: str, gpu: str, key: tuple, candidates: list[dict]) 
     rest = [str(v) for v in key[3:]]
     # a tile-major fused_moe key (ops/moe/dispatch.py) may take a natural-layout pick, which runs on
     # those codes too, at a distance of 0.5 more: the same layout's pick wins for the same shape
-    other_layout = rest[:-1] if rest and rest[-1] == "tile_major" else None
+    other_layout = rest[:-1] if rest and rest[-1] == TILE_MAJOR else None
     best, best_d = None, math.inf
     for entry, cfg in list(_memory.items()):
         if not entry.startswith(prefix):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._autotune import device_name, lookup, m_bucket, pick_config
+from .._autotune import TILE_MAJOR, device_name, lookup, m_bucket, pick_config
 from ..activation.quant_kernels import device_guard
 from ..kernel_family import KernelFamily, Problem, Registry
 from . import gemv, gemv_words, grouped_words
@@ -115,9 +115,6 @@ def problem(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: to
 
 def candidate_configs(m: int, i: int, h: int, weight_bits: int, group_size: int, dtype: torch.dtype | None = None, act_bits: int = 16) -> list[dict]:
     return REGISTRY.candidates(problem(m, i, h, weight_bits, group_size, dtype, act_bits))
-
-
-TILE_MAJOR = "tile_major"  # the last field of a tile-major call's key
 
 
 def config_key(m, e, i, h, top_k, weight_bits, act_bits, group_size, dtype, tile_major: bool = False) -> tuple:

@@ -256,9 +256,7 @@ def _wna16_gemv_words_kernel(
     rn = offs_n % N  # rows past N recompute row rn; their results are masked at the store
     x_row = x_ptr + x_m * (KW * CPW)
     w_start = pid_k * W_PER_SPLIT
-    row = rn * KW
-    if TILED:  # tile-major words (ops/moe/tile_major.py)
-        row = tile_major_rows(rn, KW, 16)
+    row = tile_major_rows(rn, KW, 16) if TILED else rn * KW  # TILED: tile-major words (ops/moe/tile_major.py)
     if VEC > 1:
         row = tl.multiple_of(row, VEC)
     # Both forms load a tile as one [BLOCK_N, BLOCK_W] block, contiguous along its rows, and

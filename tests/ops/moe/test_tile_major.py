@@ -59,9 +59,9 @@ def test_every_family_reads_tile_major_bit_equal(family, fmt):
     h, i, e, top_k = 256, 128, 4, 2
     x, logits, args = _gpu_moe(fmt, m, h, i, e, torch.bfloat16, device="cpu")
     weights, experts = topk_routing(logits, top_k, True)
-    natural = run(cfg, x, weights, experts, *args)
-    assert torch.equal(run(cfg, x, weights, experts, *with_codes(args, to_tile_major), True), natural)
-    assert not torch.equal(run(cfg, x, weights, experts, *with_codes(args, to_tile_major)), natural)  # the layouts differ
+    natural, tiled = run(cfg, x, weights, experts, *args), with_codes(args, to_tile_major)
+    assert torch.equal(run(cfg, x, weights, experts, *tiled, True), natural)
+    assert not torch.equal(run(cfg, x, weights, experts, *tiled), natural)  # the layouts differ
 
 
 def test_op_reference_and_checks():
@@ -91,8 +91,8 @@ def test_gpu_tile_major_matches_reference(fmt, m):
 
     h, i, e, top_k = 1024, 512, 8, 2
     x, logits, args = _gpu_moe(fmt, m, h, i, e, torch.bfloat16)
-    ref = fused_moe_ref(x, logits, top_k, True, *args)
-    assert_close_to_ref(torch.ops.qfuse.fused_moe(x, logits, top_k, True, *with_codes(args, to_tile_major), None, True), ref, False)
+    ref, tiled = fused_moe_ref(x, logits, top_k, True, *args), with_codes(args, to_tile_major)
+    assert_close_to_ref(torch.ops.qfuse.fused_moe(x, logits, top_k, True, *tiled, None, True), ref, False)
     weights, experts = topk_routing(logits, top_k, True)
     for cfg in REGISTRY.offered(Problem(m, i, h, args[-3], args[-1], x.dtype, act_bits=16)):
-        assert_close_to_ref(REGISTRY.run(cfg, x, weights, experts, *with_codes(args, to_tile_major), True), ref, False)
+        assert_close_to_ref(REGISTRY.run(cfg, x, weights, experts, *tiled, True), ref, False)
