@@ -152,8 +152,9 @@ DEFAULT_CASES = ("bf16", "W4A16", "W4A8_G128", "W8A8", "W8A8:nopasses", "torchao
 # case modifiers: ``attn`` (any case: attention through qfuse::decode_attention,
 # ``qfuse.use_decode_attention``); ``fuse`` (bf16 and qfuse cases: q/k/v and gate/up stacked,
 # ``qfuse.fuse_projections``); for qfuse schemes also ``nopasses`` (compiled without the fusion
-# passes) and ``lm_head=W8A16`` / ``lm_head=W4A16`` (the output head quantized too)
-MODIFIERS = ("nopasses", "attn", "fuse", "lm_head=W8A16", "lm_head=W4A16")
+# passes), ``lm_head=W8A16`` / ``lm_head=W4A16`` (the output head quantized too) and ``natural_codes``
+# (MoE experts in the natural packing instead of tile-major: ``qfuse bench moe --natural-codes``' model row)
+MODIFIERS = ("nopasses", "attn", "fuse", "lm_head=W8A16", "lm_head=W4A16", "natural_codes")
 
 
 def parse_case(case: str) -> tuple[str, frozenset[str]]:
@@ -164,7 +165,8 @@ def parse_case(case: str) -> tuple[str, frozenset[str]]:
     if scheme not in known or any(m not in allowed for m in mods):
         raise ValueError(
             f"unknown case {case!r}; choose from {', '.join(known)}, followed by ':attn' (qfuse's decode attention), "
-            "':fuse' (stacked projections; not torchao) and, for qfuse schemes, ':nopasses' or ':lm_head=W8A16' / ':lm_head=W4A16'"
+            "':fuse' (stacked projections; not torchao) and, for qfuse schemes, ':nopasses', ':lm_head=W8A16' / ':lm_head=W4A16' "
+            "or ':natural_codes'"
         )
     return scheme, frozenset(mods)
 
@@ -225,11 +227,27 @@ def build_model(config, case: str, device: str):
         if setup_gemlite(errors.append) is None:
             raise RuntimeError(errors[0])
         gemlite_linears(model, bits=4, group=128)
+    if "natural_codes" in mods:
+        natural_experts(model)
     if "fuse" in mods:
         qfuse.fuse_projections(model)
     if "attn" in mods:
         qfuse.use_decode_attention(model)
     return model
+
+
+def natural_experts(model) -> int:
+    """Rebuild ``model``'s tile-major MoE experts with their codes in the natural packing (a state_dict is
+    natural either way); the number rebuilt."""
+    from qfuse.moe import QuantExperts, QuantMoE
+
+    blocks = [m for m in model.modules() if isinstance(m, QuantMoE) and m.experts.tile_major]
+    for block in blocks:
+        ex = block.experts
+        block.experts = QuantExperts(
+            ex.num_experts, ex.hidden_size, ex.intermediate_size, ex.top_k, ex.renormalize, ex.scheme, ex.state_dict(), tile_major=False
+        )
+    return len(blocks)
 
 
 def _torchao_filter(module, name: str) -> bool:
@@ -599,7 +617,8 @@ def main(argv=None) -> int:
         nargs="+",
         default=list(DEFAULT_CASES),
         help="bf16, qfuse schemes, torchao-int4, torchao-int8dq, gemlite-w4; modifiers: CASE:attn (qfuse's decode attention), CASE:fuse "
-        "(stacked projections; bf16 and qfuse), SCHEME:nopasses, SCHEME:lm_head=W8A16 / W4A16",
+        "(stacked projections; bf16 and qfuse), SCHEME:nopasses, SCHEME:lm_head=W8A16 / W4A16, SCHEME:natural_codes (MoE "
+        "experts in the natural packing, not tile-major)",
     )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument(

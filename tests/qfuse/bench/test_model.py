@@ -8,6 +8,7 @@ import re
 import signal
 
 import pytest
+import torch
 
 from qfuse.bench import model as bench_model
 
@@ -75,13 +76,16 @@ def test_attn_and_fuse_cases(tmp_path):
         ("W8A8:nopasses:attn", ("W8A8", {"nopasses", "attn"})),
         ("torchao-int4:attn", ("torchao-int4", {"attn"})),
         ("W4A16:attn:lm_head=W8A16", ("W4A16", {"attn", "lm_head=W8A16"})),
+        ("W4A16:natural_codes", ("W4A16", {"natural_codes"})),
     ],
 )
 def test_parse_case(case, parsed):
     assert bench_model.parse_case(case) == (parsed[0], frozenset(parsed[1]))
 
 
-@pytest.mark.parametrize("case", ["W9A9", "W4A16:fast", "bf16:nopasses", "bf16:lm_head=W8A16", "W4A16:lm_head=W2A16", "torchao-int4:fuse"])
+@pytest.mark.parametrize(
+    "case", ["W9A9", "W4A16:fast", "bf16:nopasses", "bf16:lm_head=W8A16", "W4A16:lm_head=W2A16", "torchao-int4:fuse", "bf16:natural_codes"]
+)
 def test_parse_case_refuses(case):
     with pytest.raises(ValueError, match="unknown case"):
         bench_model.parse_case(case)
@@ -100,6 +104,21 @@ def test_mixtral_defaults_to_4_layers_of_its_shape():
     assert type(config).__name__ == "MixtralConfig" and config.num_hidden_layers == 4
     assert (config.num_local_experts, config.num_experts_per_tok, config.vocab_size) == (8, 2, 32000)
     assert (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
+
+
+def test_natural_codes_case_keeps_the_experts_natural():
+    """``W4A16:natural_codes``: the same experts (state_dict, outputs) with the codes in the natural packing."""
+    config = bench_model.model_config("tiny-mixtral")
+    tiled = bench_model.build_model(config, "W4A16", "cpu")
+    natural = bench_model.build_model(config, "W4A16:natural_codes", "cpu")
+    assert all(layer.mlp.experts.tile_major for layer in tiled.model.layers)
+    assert not any(layer.mlp.experts.tile_major for layer in natural.model.layers)
+    assert bench_model.natural_experts(natural) == 0  # nothing left to rebuild
+    a, b = tiled.state_dict(), natural.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.randint(0, config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(natural(ids).logits, tiled(ids).logits, rtol=0, atol=0)
 
 
 def test_mixtral_case_quantizes_the_experts_and_skips_torchao(tmp_path, capsys):
