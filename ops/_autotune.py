@@ -266,6 +266,14 @@ def lookup(op: str, key: tuple, gpu: str) -> tuple[dict, str] | None:
     return None
 
 
+def lacks_keys(cfg: dict, candidates: Sequence[dict]) -> list[str]:
+    """The meta-parameters that every offered config of ``cfg``'s family (its ``"kernel"``) carries and
+    ``cfg`` does not: a pick stored by another qfuse version, before its kernel read them, would fail
+    at launch (KeyError). [] where none of ``candidates`` is of its family (nothing to compare)."""
+    same = [c.keys() for c in candidates if c.get("kernel") == cfg.get("kernel")]
+    return sorted(set.intersection(*map(set, same)) - cfg.keys()) if same else []
+
+
 def shipped_replacement(op: str, key: tuple, gpu: str, refused: dict, usable: Callable[[dict], bool]) -> dict | None:
     """What runs in place of a stored pick ``usable`` refuses (a user-cache entry): the shipped table's
     config for ``(op, key)`` on ``gpu`` (ops/tuned/) where it differs and may run; None: chosen again."""
@@ -356,13 +364,14 @@ def pick_config(
 ) -> dict:
     """Return the config to use for ``(op, key)`` on ``device``; ``run(cfg)`` launches the kernel once.
 
-    ``candidates`` may be a function returning the list: it is then called only when no cached or
-    shipped config exists. Building a launcher's list costs 15-70 us of Python (60 dicts for a
-    W4A16 decode key), which a cached call then no longer pays. ``usable(cfg)``: whether a stored
-    pick may run here (a kernel family this version has; an opt-in config only with
-    ``QFUSE_EXPERIMENTAL_KERNELS=1``), checked once per key and process; one that may not gives
-    way to the shipped table's pick of the key (where that may run), else is chosen again, with a
-    warning.
+    ``candidates`` may be a function returning the list: it is then called once per key and process
+    (a stored pick is checked against it, :func:`lacks_keys`), not on later calls. Building a
+    launcher's list costs 15-70 us of Python (60 dicts for a W4A16 decode key), which a cached call
+    then no longer pays. ``usable(cfg)``: whether a stored pick may run here (a kernel family this
+    version has; an opt-in config only with ``QFUSE_EXPERIMENTAL_KERNELS=1``). A stored pick that
+    may not, or that lacks a meta-parameter its family's configs carry here, is checked once per
+    key and process and gives way to the shipped table's pick of the key (where that may run),
+    else is chosen again, with a warning.
     """
     gpu = device_name(device)
     entry_key = _key_str(op, (gpu, *key))
@@ -374,20 +383,26 @@ def pick_config(
             load_stored(op, gpu)
         hit = _memory.get(entry_key)
     if hit is not None and _refused.get(entry_key) is not hit:
-        if usable is None or usable(hit):
+        if callable(candidates):
+            candidates = candidates()
+
+        def runs_here(cfg) -> bool:
+            return isinstance(cfg, dict) and (usable is None or usable(cfg)) and not lacks_keys(cfg, candidates)
+
+        if runs_here(hit):
             _checked[entry_key] = hit
             return hit
         _refused[entry_key] = hit
-        shipped = shipped_replacement(op, key, gpu, hit, usable)
+        missing = lacks_keys(hit, candidates) if isinstance(hit, dict) else []
+        why = f"it lacks {', '.join(missing)}, which its kernel reads" if missing else "an unknown kernel family, or opt-in"
+        shipped = shipped_replacement(op, key, gpu, hit, runs_here)
         if shipped is not None:
-            _log.warning(
-                "%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); the shipped pick %s runs", entry_key, hit, shipped
-            )
+            _log.warning("%s: the stored pick %s cannot run here (%s); the shipped pick %s runs", entry_key, hit, why, shipped)
             with _lock:
                 _memory[entry_key] = shipped
             _checked[entry_key] = shipped
             return shipped
-        _log.warning("%s: the stored pick %s cannot run here (an unknown kernel family, or opt-in); choosing again", entry_key, hit)
+        _log.warning("%s: the stored pick %s cannot run here (%s); choosing again", entry_key, hit, why)
     untuned = capturing() or not env_flag("QFUSE_AUTOTUNE", True) or device.type != "cuda"
     memo = (entry_key, experimental_kernels())
     if untuned and memo in _untuned:  # before the candidate list: building it costs 15-70 us per call

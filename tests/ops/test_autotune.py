@@ -42,10 +42,11 @@ def test_shipped_config_skips_building_candidates(fresh_cache):
         return [{"BLOCK": 16}, {"BLOCK": 32}]
 
     cpu = torch.device("cpu")
-    assert _autotune.pick_config("op", (1, 64), candidates, _never_run, cpu) == {"BLOCK": 32}
-    assert not built  # the list is only built on a cache miss
+    for _ in range(3):
+        assert _autotune.pick_config("op", (1, 64), candidates, _never_run, cpu) == {"BLOCK": 32}
+    assert built == [1]  # built once per key and process, to check the stored pick against
     assert _autotune.pick_config("op", (2, 64), candidates, _never_run, cpu) == {"BLOCK": 16}  # miss: heuristic first
-    assert built == [1]
+    assert built == [1, 1]
 
 
 def test_user_cache_wins_over_shipped_defaults(fresh_cache):
@@ -93,6 +94,47 @@ def test_shipped_int8_picks_are_not_opt_in(name):
     assert shipped
     opt_in = [key for key, cfg in shipped.items() if is_experimental(cfg)]
     assert not opt_in, opt_in
+
+
+def _shipped_candidates(op: str, key: list[str]) -> list[dict]:
+    """The configs the op offers on an H200 for a shipped table's key (``op|gpu|`` stripped)."""
+    from qfuse.ops.activation.silu_kernels import quant_candidates
+    from qfuse.ops.int8 import dispatch as int8
+    from qfuse.ops.moe import dispatch as moe
+    from qfuse.ops.wna16 import dispatch as wna16
+
+    if op == "wna16_gemm":
+        mb, n, k, group, dtype, bits = key
+        return wna16.REGISTRY.offered(wna16.problem(int(mb), int(n), int(k), int(bits), int(group), 132, True, getattr(torch, dtype)))
+    if op.startswith(("w8a8_gemm", "w4a8_gemm")):
+        w4 = op.startswith("w4a8")
+        mb, n, k = map(int, key[:3])
+        every = int8.REGISTRY.offered(int8.problem(mb, n, k, int(key[3]) if w4 else -1, 132, w4=w4, gpu=True))
+        return [c for c in every if not int8.uses_tma(c)] if op.endswith("_eager") else every
+    if op == "fused_moe":
+        mb, _, i, h, _, wbits, abits, group, dtype = key[:9]
+        return moe.REGISTRY.offered(moe.problem(int(mb), int(i), int(h), int(wbits), int(group), getattr(torch, dtype), int(abits)))
+    assert op == "silu_and_mul_quant", op
+    return quant_candidates(int(key[1]), int(key[0]))
+
+
+def test_shipped_picks_carry_their_familys_meta_parameters():
+    """pick_config refuses a stored pick that lacks a key every offered config of its family carries
+    (``lacks_keys``): no shipped pick may be one, or its shape would silently run another config."""
+    checked = 0
+    for path in sorted(_autotune._TUNED_DIR.glob("*.json")):
+        for entry, cfg in json.loads(path.read_text()).items():
+            op, _, *key = entry.split("|")
+            cfg = _one_spelling(op, cfg)
+            assert not _autotune.lacks_keys(cfg, _shipped_candidates(op, key)), (path.name, entry, cfg)
+            checked += 1
+    assert checked >= 500
+
+
+def _one_spelling(op: str, cfg: dict) -> dict:
+    from qfuse.ops.int8.dispatch import normalize
+
+    return normalize(cfg) if op.startswith(("w8a8_gemm", "w4a8_gemm")) else cfg
 
 
 def test_nearest_stored_pick_keeps_its_program_count(fresh_cache):
@@ -217,6 +259,22 @@ def test_a_refused_user_pick_falls_back_to_the_shipped_pick(fresh_cache, caplog)
         for _ in range(2):
             assert _autotune.pick_config("op", (1, 64), cands, _never_run, torch.device("cpu"), usable) == {"kernel": "k", "B": 2}
     assert caplog.text.count("the shipped pick") == 1
+
+
+def test_a_stored_pick_that_lacks_a_meta_parameter_gives_way_to_the_shipped_pick(fresh_cache, caplog):
+    """A user-cache pick stored before its kernel read ``C`` (every offered config of its family has
+    it) would fail with KeyError at launch: the shipped pick runs, and without one the choice is made again."""
+    (fresh_cache / "tuned").mkdir()
+    (fresh_cache / "tuned" / "op.cpu.json").write_text(json.dumps({"op|cpu|1|64": {"kernel": "k", "B": 2, "C": 1}}))
+    (fresh_cache / "user.json").write_text(json.dumps({"op|cpu|1|64": {"kernel": "k", "B": 3}, "op|cpu|2|64": {"kernel": "k", "B": 3}}))
+    cands = [{"kernel": "k", "B": 1, "C": 0}, {"kernel": "k", "B": 2, "C": 1}, {"kernel": "other", "D": 1}]
+    cpu = torch.device("cpu")
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        assert _autotune.pick_config("op", (1, 64), cands, _never_run, cpu) == {"kernel": "k", "B": 2, "C": 1}
+        assert _autotune.pick_config("op", (2, 64), cands, _never_run, cpu) == cands[0]
+    assert caplog.text.count("it lacks C, which its kernel reads") == 2 and "the shipped pick" in caplog.text
+    assert _autotune.lacks_keys({"kernel": "k", "B": 3, "C": 0, "E": 1}, cands) == []  # an extra key is no reason
+    assert _autotune.lacks_keys({"kernel": "new", "B": 3}, cands) == []  # no config of its family offered to compare with
 
 
 def test_a_refused_stored_pick_is_checked_and_warned_about_once(fresh_cache, caplog):

@@ -150,6 +150,31 @@ def test_entry_point_picks_a_config_and_runs():
     assert_close_to_ref(out, fused_moe_ref(x, logits, 2, True, *args), False)
 
 
+def test_a_cached_pick_without_a_meta_parameter_is_chosen_again(tmp_path, monkeypatch, caplog):
+    """A user-cache pick of the grouped kernel that lacks BLOCK_K (which the launch reads): a warning and
+    the heuristic's config, not a KeyError at every call."""
+    import json
+
+    from qfuse.ops import _autotune
+    from qfuse.ops.moe.dispatch import OP, config_key
+
+    for name in ("_memory", "_checked", "_refused", "_untuned"):
+        monkeypatch.setattr(_autotune, name, {})
+    monkeypatch.setattr(_autotune, "_loaded_files", set())
+    cache = tmp_path / "autotune.json"
+    monkeypatch.setenv("QFUSE_AUTOTUNE_CACHE", str(cache))
+    x, logits, args = make_moe("W4A16_G32", 3, 64, 32, 4, torch.bfloat16)
+    stale = {"kernel": "grouped", "BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    key = _autotune._key_str(OP, ("cpu", *config_key(3, 4, 32, 64, 2, 4, 16, 32, torch.bfloat16)))
+    cache.write_text(json.dumps({key: stale}))
+    with pytest.raises(KeyError, match="BLOCK_K"):  # what the stale pick does when run
+        run_fused_moe(stale, x, *topk_routing(logits, 2, True), *args)
+    with caplog.at_level("WARNING", logger="qfuse.autotune"):
+        out = fused_moe_triton(x, logits, 2, True, *args)
+    assert "(it lacks BLOCK_K, which its kernel reads); choosing again" in caplog.text
+    assert_close_to_ref(out, fused_moe_ref(x, logits, 2, True, *args), False)
+
+
 @pytest.mark.parametrize("m", [1, 16, 64, 1024, 4096])
 def test_configs_by_m_bucket(m):
     every = candidate_configs(m, 14336, 4096, 4, 128, torch.bfloat16)
