@@ -131,6 +131,31 @@ def test_shipped_picks_carry_their_familys_meta_parameters():
     assert checked >= 500
 
 
+@pytest.mark.parametrize("experimental", [False, True])
+def test_every_generated_config_carries_its_familys_meta_parameters(monkeypatch, experimental):
+    """No config of this version (the tuners' exhaustive lists too) is refused by ``lacks_keys``
+    unless it is opt-in, which ``usable`` refuses anyway: a user's tuned pick keeps running (the
+    opt-in stream-K ``mma_words`` configs carry no SPLIT_K, which every offered one does)."""
+    from qfuse.ops.int8 import dispatch as int8
+    from qfuse.ops.moe import dispatch as moe
+    from qfuse.ops.wna16 import dispatch as wna16
+
+    monkeypatch.setenv("QFUSE_EXPERIMENTAL_KERNELS", "1" if experimental else "0")
+    problems = []
+    for m in (1, 8, 64, 1024):
+        for n, k in ((4096, 4096), (28672, 4096), (4096, 14336), (576, 1536)):
+            problems += [(wna16.REGISTRY, wna16.problem(m, n, k, b, g, 132, True, torch.bfloat16)) for b, g in ((4, 128), (4, -1), (8, -1))]
+            problems += [(int8.REGISTRY, int8.problem(m, n, k, g, 132, w4=w4, gpu=True)) for w4, g in ((False, -1), (True, -1), (True, 128))]
+        for i, h in ((14336, 4096), (1408, 2048)):
+            formats = ((4, 16, 128), (8, 16, -1), (8, 8, -1), (4, 8, 128), (16, 16, -1))
+            problems += [(moe.REGISTRY, moe.problem(m, i, h, wb, g, torch.bfloat16, ab)) for wb, ab, g in formats]
+    refused = []
+    for registry, p in problems:
+        offered = registry.offered(p)
+        refused += [c for c in registry.candidates(p, True) if _autotune.lacks_keys(c, offered) and not registry.is_opt_in(c)]
+    assert not refused, refused[:3]
+
+
 def _one_spelling(op: str, cfg: dict) -> dict:
     from qfuse.ops.int8.dispatch import normalize
 
