@@ -58,6 +58,25 @@ def test_kernel_close_to_reference(shape, max_row_block, dtype):
     assert_codes_close(*silu_and_mul_quant_triton(gate, up, max_row_block), *silu_and_mul_quant_ref(gate, up), "silu_and_mul_quant")
 
 
+def test_shipped_picks_are_tuning_candidates():
+    """Every shipped H200 pick of the fused kernel is one of its key's candidates (so it lacks none of
+    their meta-parameters, which pick_config would refuse it for: ``lacks_keys``)."""
+    import json
+    from pathlib import Path
+
+    import qfuse.ops
+    from qfuse.ops._autotune import lacks_keys
+    from qfuse.ops.activation.silu_kernels import quant_candidates
+
+    table = json.loads((Path(qfuse.ops.__file__).with_name("tuned") / "silu_and_mul_quant.NVIDIA_H200.json").read_text())
+    assert table
+    for key, cfg in table.items():
+        op, gpu, mb, h, dtype = key.split("|")
+        assert op == "silu_and_mul_quant" and gpu == "NVIDIA_H200" and dtype in ("torch.bfloat16", "torch.float16")  # str(dtype)
+        cands = quant_candidates(int(h), int(mb))
+        assert cfg in cands and not lacks_keys(cfg, cands), key
+
+
 def test_kernel_every_tuning_candidate_gives_the_same_codes():
     from qfuse.ops.activation.silu_kernels import _run, quant_candidates
 

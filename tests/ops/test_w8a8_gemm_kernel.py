@@ -222,12 +222,15 @@ def test_gpu_rejects_bad_input():
 
 @pytest.mark.parametrize("op", ["w8a8_gemm", "w4a8_gemm", "w8a8_gemm_eager"])
 def test_shipped_configs_are_candidates(op):
-    """Every shipped H200 config is in the candidate space of its key (no stale or hand-typo'd entry);
+    """Every shipped H200 config is in the candidate space of its key (no stale or hand-typo'd entry) and
+    carries every meta-parameter of its family's offered configs (else pick_config refuses it: ``lacks_keys``);
     the eager picks (int8_gemm's outside-a-graph choice) are no TMA configs, for decode buckets only."""
     import json
     from pathlib import Path
 
     import qfuse.ops
+    from qfuse.ops._autotune import lacks_keys
+    from qfuse.ops.int8.dispatch import REGISTRY, problem, uses_tma
 
     path = Path(qfuse.ops.__file__).with_name("tuned") / f"{op}.NVIDIA_H200.json"
     table = json.loads(path.read_text())
@@ -241,6 +244,8 @@ def test_shipped_configs_are_candidates(op):
         assert cfg == normalize(cfg), key  # stored in the one spelling: "kernel" names the family
         norm = lambda c: c if c["kernel"] == "gemv" else dict(c, UNPACK_ASM=c.get("UNPACK_ASM", 0))  # noqa: E731 - the GEMV has no unpack switch
         assert any(norm(c) == norm(cfg) for c in cands), key
+        offered = REGISTRY.offered(problem(int(mb), int(n), int(k), int(gs[0]) if gs else -1, 132, w4=op == "w4a8_gemm", gpu=True))
+        assert not lacks_keys(cfg, [c for c in offered if not uses_tma(c)] if op.endswith("_eager") else offered), key
         if op.endswith("_eager"):
             assert cfg["kernel"] != "tma" and not cfg.get("TMA") and int(mb) <= EAGER_MAX_M, key
 

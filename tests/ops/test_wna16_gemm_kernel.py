@@ -376,10 +376,12 @@ def test_gpu_cuda_graph_capture(m):
 
 
 def test_shipped_configs_are_candidates():
-    """Every shipped H200 config is in the (exhaustive) candidate space of its key, and not opt-in."""
+    """Every shipped H200 config is in the (exhaustive) candidate space of its key, not opt-in, and carries
+    every meta-parameter of its family's offered configs (else pick_config refuses it: ``lacks_keys``)."""
     from pathlib import Path
 
     import qfuse.ops
+    from qfuse.ops._autotune import lacks_keys
 
     table = json.loads((Path(qfuse.ops.__file__).with_name("tuned") / "wna16_gemm.NVIDIA_H200.json").read_text())
     assert table
@@ -388,6 +390,7 @@ def test_shipped_configs_are_candidates():
         assert op == "wna16_gemm" and gpu == "NVIDIA_H200" and dtype in ("bfloat16", "float16")
         assert cfg in candidate_configs(int(mb), int(n), int(k), int(bits), int(group), exhaustive=True, dtype=getattr(torch, dtype)), key
         assert not is_experimental(cfg, int(bits)), key  # what ships runs without QFUSE_EXPERIMENTAL_KERNELS
+        assert not lacks_keys(cfg, usable_configs(int(mb), int(n), int(k), int(bits), int(group), dtype=getattr(torch, dtype))), key
 
 
 def test_offered_wgmma_configs_keep_their_registers_untouched_in_sass():

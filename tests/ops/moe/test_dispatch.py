@@ -10,7 +10,8 @@ from qfuse.ops.moe.dispatch import OP, REGISTRY, TILE_MAJOR, config_key, layout_
 
 
 def test_shipped_configs_are_offered_candidates():
-    """Every shipped pick is a config its key's registry offers (no opt-in, no stale tile)."""
+    """Every shipped pick is a config its key's registry offers (no opt-in, no stale tile; so it lacks no
+    meta-parameter of its family, which pick_config would refuse it for)."""
     table = json.loads((Path(qfuse.ops.__file__).with_name("tuned") / f"{OP}.NVIDIA_H200.json").read_text())
     assert len(table) >= 92
     kernels = set()
